@@ -1,0 +1,35 @@
+"""What a producer is told about each event it must advance."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+
+@dataclass(frozen=True, slots=True)
+class AdvanceOutcome:
+    """How the subscribers in an event's snapshot resolved it.
+
+    Every subscriber in the snapshot is counted in exactly one field, so
+    ``acked + failed + rejected`` is the snapshot size.
+    """
+
+    acked: int
+    failed: int
+    rejected: int
+
+    @property
+    def is_clean(self) -> bool:
+        """True only if at least one subscriber acked and nobody failed or rejected.
+
+        An event broadcast to nobody is not clean: no one accepted it, so there is
+        no ground to commit it.
+        """
+        return self.failed == 0 and self.rejected == 0 and self.acked >= 1
+
+
+class AdvanceItem(NamedTuple):
+    """One event of an :meth:`SharedStreamProducer.advance` batch."""
+
+    broker_payload: Any
+    outcome: AdvanceOutcome

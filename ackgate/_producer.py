@@ -1,0 +1,75 @@
+"""The producer contract: the cut-off between ackgate and a broker's I/O."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Hashable, Sequence
+from typing import Any
+
+from ackgate._outcome import AdvanceItem
+
+
+class SharedStreamProducer(ABC):
+    """One upstream poll shared by every subscriber of a group, and the way back to the broker.
+
+    ackgate creates a producer through the factory given to ``subscribe`` once per
+    group, calls :meth:`open_stream` once, fans every yielded event out to the
+    group's subscribers, and calls :meth:`advance` with events every subscriber has
+    resolved. The obligations, all of which ackgate relies on:
+
+    * **Lazy I/O.** Open the broker connection in :meth:`open_stream`, never in
+      ``__init__`` or the factory, and keep it on ``self``: when polling is
+      cancelled, the generator's ``finally`` runs *before* the last advances, so
+      the connection must outlive it. Close it in :meth:`aclose`.
+    * **Ordering.** Events of one lane (:meth:`get_advance_lane`) are handed to
+      :meth:`advance` in the order :meth:`open_stream` yielded them.
+    * **Failure is loud.** Raising from :meth:`advance` ends the whole group;
+      nothing later is advanced on any lane, and the broker redelivers.
+    * **Close once.** :meth:`aclose` is awaited exactly once, after the last
+      :meth:`advance`, however the group ended.
+    """
+
+    @abstractmethod
+    def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
+        """Yield ``(raw_event, broker_payload)`` pairs, forever or until raising.
+
+        Write it as an async generator. Returning is treated as an error (the
+        group ends and subscribers get ``StreamTerminated``); so is yielding
+        anything but a 2-tuple (``StreamTerminated`` with the error as
+        ``__cause__``). Cancellation arrives at a ``yield`` or an ``await``
+        when the group stops; clean up in ``finally`` but keep the connection
+        that :meth:`advance` needs.
+        """
+
+    @abstractmethod
+    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        """Move the broker forward past ``batch``.
+
+        ``batch`` is non-empty, holds events of one lane only, in the order they
+        were yielded, and is that lane's contiguous fully-resolved prefix. The
+        next batch of the lane is passed only after this call returned. At most
+        one call per lane is in flight, and at most ``max_concurrent_advances``
+        across lanes. A cumulative broker (Kafka) may commit only the last
+        committable item. What each :class:`AdvanceOutcome` means for the broker
+        (commit, dead-letter, redeliver) is the producer's decision.
+
+        Raising ends the group: every subscriber gets ``AdvanceFailed`` with this
+        exception as ``__cause__``. Cancellation: not cancelled by ackgate once
+        started, except when the manager's own task is cancelled.
+        """
+
+    def get_advance_lane(self, broker_payload: Any) -> Hashable:
+        """Return the ordering lane of ``broker_payload`` (default: one lane).
+
+        Called once per event, synchronously, before fan-out; it must be O(1).
+        Raising or returning an unhashable value ends the group with
+        ``StreamTerminated`` (the error as ``__cause__``).
+        """
+        return None
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook, empty by design
+        """Release the broker connection. Best-effort.
+
+        Awaited exactly once when the group ends, after the last :meth:`advance`.
+        An exception is logged at WARNING on the ``ackgate`` logger, not raised.
+        """
