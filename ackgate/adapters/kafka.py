@@ -1,0 +1,470 @@
+"""Kafka adapter: one aiokafka consumer per group, committed only past what all subscribers did.
+
+Install with ``pip install 'ackgate[kafka]'``. :class:`KafkaStreamProducer` joins a Kafka
+consumer group (auto-commit always off), yields every record as
+``(record, delivery)`` where ``record`` is the ``aiokafka.ConsumerRecord`` (raw bytes
+in ``key``/``value``), and commits offsets as ackgate reports events resolved.
+
+What each outcome does to the broker, per partition (the lane is ``(topic, partition)``):
+
+* **acked** by every subscriber: committed past.
+* **rejected** by at least one subscriber (none failed): copied to ``dlq_topic`` with the
+  original key, value and headers plus ``ackgate.original.topic``,
+  ``ackgate.original.partition``, ``ackgate.original.offset`` and ``ackgate.reason``,
+  and committed past only after the DLQ write is acknowledged. Without ``dlq_topic`` it
+  is committed past and a WARNING names its offset: the event is dropped on purpose.
+* **failed** by any subscriber, or broadcast to **zero** subscribers: *held*. The
+  partition is committed up to just before it and sought back to it, so this process
+  fetches it (and everything after it) again. Nothing past a held offset is committed
+  until a later delivery of it is acked or rejected.
+
+One ``commit`` call per ``advance`` batch, for the last committable offset.
+
+**Redelivery after a hold, and why nothing is committed twice or too far.** Every
+yielded delivery carries the *epoch* of its partition at fetch time. Holding at
+offset ``F`` seeks to ``F`` and starts a new epoch; deliveries of the old epoch that
+ackgate still hands to :meth:`~KafkaStreamProducer.advance` afterwards (offsets above
+``F``, already fetched before the seek) are skipped, because the seek fetches each of
+them again under the new epoch. Subscribers therefore see those events twice
+(at-least-once); the broker is committed once, by the new epoch's copies, in order.
+
+**Rebalance.** When partitions are revoked, records of those partitions are no longer
+yielded; the revoke callback waits up to ``rebalance_drain_timeout`` seconds for the
+events already yielded from them to be advanced and committed, then gives them up.
+Advances that arrive for a partition this consumer no longer owns (or owned in an
+earlier assignment) commit nothing and are logged at INFO: the new owner reads from
+the last committed offset. Newly assigned partitions start from their committed
+offset (``auto_offset_reset`` defaults to ``"earliest"`` for a group with no commit,
+so nothing already in the topic is skipped; pass it to override).
+
+**Errors.** A broker error while starting or polling ends the group: subscribers get
+``StreamTerminated`` whose ``__cause__`` is a ``ConnectionError`` (cannot reach the
+cluster) or ``RuntimeError`` chained to the aiokafka error. A failed commit or DLQ
+write is logged at ERROR with the partition and offset and raised, so the group ends
+with ``AdvanceFailed`` and the broker redelivers everything not committed.
+
+Logging is on ``ackgate.adapters.kafka`` and names topics, partitions and offsets,
+never keys, values or headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import AsyncIterator, Hashable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ackgate._outcome import AdvanceItem, AdvanceOutcome
+from ackgate._producer import SharedStreamProducer
+
+log = logging.getLogger("ackgate.adapters.kafka")
+
+# Connection-level options that the DLQ producer must share with the consumer, so a
+# secured cluster is reached the same way by both.
+_SHARED_CONNECTION_OPTIONS = frozenset(
+    {
+        "client_id",
+        "api_version",
+        "security_protocol",
+        "ssl_context",
+        "sasl_mechanism",
+        "sasl_plain_username",
+        "sasl_plain_password",
+        "sasl_kerberos_service_name",
+        "sasl_kerberos_domain_name",
+        "sasl_oauth_token_provider",
+        "connections_max_idle_ms",
+        "request_timeout_ms",
+        "metadata_max_age_ms",
+        "retry_backoff_ms",
+    }
+)
+
+_POLL_TIMEOUT_MS = 1000
+
+
+def _import_aiokafka() -> Any:
+    try:
+        import aiokafka
+        import aiokafka.abc
+        import aiokafka.errors
+    except ImportError as exc:
+        raise ImportError(
+            "ackgate's Kafka adapter needs aiokafka: pip install 'ackgate[kafka]'"
+        ) from exc
+    # Virtual subclass: aiokafka checks the listener with isinstance, and importing the
+    # ABC at module level would make aiokafka a hard dependency of this module.
+    aiokafka.abc.ConsumerRebalanceListener.register(_RebalanceListener)
+    return aiokafka
+
+
+@dataclass(frozen=True, slots=True)
+class _Delivery:
+    """The broker payload: the record, its partition and the epoch it was fetched in."""
+
+    tp: Any
+    record: Any
+    epoch: int
+
+
+@dataclass(slots=True)
+class _Partition:
+    """This consumer's view of one partition.
+
+    Invariants (tests: ``test_failed_event_is_redelivered``, ``test_rebalance_*``):
+    only deliveries whose ``epoch`` equals ``self.epoch`` are ever committed, and only
+    while ``owned``; ``committed_next`` only grows within one assignment. The epoch
+    changes on every assignment, revocation and hold.
+    """
+
+    epoch: int
+    owned: bool = True
+    draining: bool = False
+    # Offset after the last record yielded in this epoch; None if none yet.
+    yielded_next: int | None = None
+    # Offset after the last commit this consumer made in this assignment.
+    committed_next: int | None = None
+
+    def drained(self) -> bool:
+        """True when everything yielded in this epoch is committed (or can never be)."""
+        return (
+            not self.owned
+            or self.yielded_next is None
+            or (self.committed_next is not None and self.committed_next >= self.yielded_next)
+        )
+
+    def new_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.yielded_next = None
+
+
+class _RebalanceListener:
+    """aiokafka's rebalance callbacks, forwarded to the producer (awaited by aiokafka)."""
+
+    def __init__(self, owner: KafkaStreamProducer) -> None:
+        self._owner = owner
+
+    async def on_partitions_revoked(self, revoked: Iterable[Any]) -> None:
+        await self._owner._on_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: Iterable[Any]) -> None:
+        for tp in assigned:
+            self._owner._own(tp)
+
+
+class KafkaStreamProducer(SharedStreamProducer):
+    """Consume ``topics`` as consumer group ``group_id``; commit only what all subscribers resolved.
+
+    ``consumer_options`` pass through to ``aiokafka.AIOKafkaConsumer`` (security
+    protocol, SASL, ``ssl_context``, fetch sizes, ``max_poll_records``...); the
+    connection-level ones are shared with the DLQ producer. ``enable_auto_commit=True``
+    is refused with ``ValueError`` here, before any connection. With a ``dlq_topic``,
+    key/value deserializers are refused too: the DLQ copy carries the original bytes.
+
+    ``rebalance_drain_timeout`` (seconds, >= 0) bounds how long a revoke waits for the
+    events already yielded from the revoked partitions to be advanced; keep it well
+    below ``max_poll_interval_ms``, which bounds the whole rebalance.
+
+    Outcomes, lanes, redelivery and logging are described in the module docstring.
+    Nothing connects before :meth:`open_stream`; :meth:`aclose` stops the consumer
+    (leaving the group) and the DLQ producer.
+    """
+
+    def __init__(
+        self,
+        topics: str | Sequence[str],
+        *,
+        bootstrap_servers: str | Sequence[str],
+        group_id: str,
+        dlq_topic: str | None = None,
+        rebalance_drain_timeout: float = 10.0,
+        **consumer_options: Any,
+    ) -> None:
+        self._topics = [topics] if isinstance(topics, str) else list(topics)
+        if not self._topics or not all(isinstance(t, str) and t for t in self._topics):
+            raise ValueError("topics must name at least one topic")
+        if not group_id:
+            raise ValueError("group_id is required: commits belong to a consumer group")
+        if consumer_options.pop("enable_auto_commit", False):
+            raise ValueError(
+                "enable_auto_commit=True is not supported: ackgate commits only what every "
+                "subscriber resolved, and auto-commit would commit what they have not"
+            )
+        if dlq_topic is not None and (
+            {"key_deserializer", "value_deserializer"} & consumer_options.keys()
+        ):
+            raise ValueError(
+                "key_deserializer/value_deserializer cannot be combined with dlq_topic: the "
+                "DLQ copy needs the original bytes; deserialize in the subscriber instead"
+            )
+        if rebalance_drain_timeout < 0:
+            raise ValueError("rebalance_drain_timeout must be >= 0")
+        consumer_options.setdefault("auto_offset_reset", "earliest")
+        self._bootstrap_servers = bootstrap_servers
+        self._group_id = group_id
+        self._dlq_topic = dlq_topic
+        self._drain_timeout = rebalance_drain_timeout
+        self._options = consumer_options
+        self._consumer: Any = None
+        self._dlq: Any = None
+        self._errors: Any = None
+        self._partitions: dict[Any, _Partition] = {}
+        self._epochs = itertools.count(1)
+        # Held around every ownership check that is followed by a commit or seek, so a
+        # revoke can never complete between the check and the broker call.
+        self._lock = asyncio.Lock()
+        # Set after every commit or hold; a draining revoke waits on it.
+        self._progress = asyncio.Event()
+
+    def get_advance_lane(self, broker_payload: Any) -> Hashable:
+        tp: Hashable = broker_payload.tp
+        return tp
+
+    async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
+        """Join the group and yield ``(ConsumerRecord, delivery)`` for every fetched record.
+
+        Raises ``ConnectionError`` if the cluster cannot be reached at start and
+        ``RuntimeError`` (chained to the aiokafka error) if polling fails later.
+        Cancellation stops polling; the consumer stays open for the last advances.
+        """
+        aiokafka = _import_aiokafka()
+        if self._consumer is not None:
+            raise RuntimeError("KafkaStreamProducer.open_stream() may be called only once")
+        self._errors = aiokafka.errors
+        self._consumer = aiokafka.AIOKafkaConsumer(
+            bootstrap_servers=self._bootstrap_servers,
+            group_id=self._group_id,
+            enable_auto_commit=False,
+            **self._options,
+        )
+        self._consumer.subscribe(self._topics, listener=_RebalanceListener(self))
+        if self._dlq_topic is not None:
+            shared = {k: v for k, v in self._options.items() if k in _SHARED_CONNECTION_OPTIONS}
+            self._dlq = aiokafka.AIOKafkaProducer(
+                bootstrap_servers=self._bootstrap_servers, acks="all", **shared
+            )
+        try:
+            await self._consumer.start()
+            if self._dlq is not None:
+                await self._dlq.start()
+        except aiokafka.errors.KafkaError as exc:
+            raise self._translate(exc, "could not join the consumer group") from exc
+        log.info("Kafka consumer started group=%s topics=%s", self._group_id, self._topics)
+        while True:
+            try:
+                fetched = await self._consumer.getmany(timeout_ms=_POLL_TIMEOUT_MS)
+            except aiokafka.errors.KafkaError as exc:
+                log.error("Kafka poll failed group=%s: %r", self._group_id, exc)
+                raise self._translate(exc, "poll failed") from exc
+            for tp, records in fetched.items():
+                part = self._own(tp)
+                epoch = part.epoch
+                for record in records:
+                    # A hold or revoke while we were suspended at a yield makes the rest
+                    # of this fetch stale: the seek / the new owner fetches it again.
+                    if part.epoch != epoch or part.draining:
+                        break
+                    part.yielded_next = record.offset + 1
+                    yield record, _Delivery(tp, record, epoch)
+
+    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        """Commit past the batch's resolved prefix; dead-letter rejects; hold at a failure.
+
+        Raises ``RuntimeError``/``ConnectionError`` (chained to aiokafka's error) when a
+        commit or DLQ write fails, after logging the partition and offsets involved.
+        Not cancelled by ackgate once started; if it is cancelled anyway, whatever was
+        not committed is redelivered.
+        """
+        tp = batch[0].broker_payload.tp
+        part = self._partitions[tp]
+        epoch = part.epoch
+        commit_to: int | None = None
+        hold_at: int | None = None
+        stale = 0
+        dlq_writes: list[Any] = []
+        for item in batch:
+            delivery: _Delivery = item.broker_payload
+            if delivery.epoch != epoch:
+                stale += 1
+                continue
+            outcome = item.outcome
+            offset = delivery.record.offset
+            if outcome.failed or not (outcome.acked or outcome.rejected):
+                hold_at = offset
+                break
+            if outcome.rejected and self._dlq is not None:
+                dlq_writes.append(await self._dead_letter(delivery, outcome))
+            elif outcome.rejected:
+                log.warning(
+                    "Rejected event %s-%d@%d committed past without a DLQ (no dlq_topic)",
+                    tp.topic,
+                    tp.partition,
+                    offset,
+                )
+            commit_to = offset + 1
+        if stale:
+            log.debug(
+                "Skipped %d deliveries of %s-%d from an earlier epoch (refetched after a "
+                "hold or revoked)",
+                stale,
+                tp.topic,
+                tp.partition,
+            )
+        if dlq_writes:
+            try:
+                await asyncio.gather(*dlq_writes)
+            except self._errors.KafkaError as exc:
+                log.error(
+                    "DLQ write to %s failed for %s-%d before offset %s; not committing: %r",
+                    self._dlq_topic,
+                    tp.topic,
+                    tp.partition,
+                    commit_to,
+                    exc,
+                )
+                raise self._translate(exc, "DLQ write failed") from exc
+        async with self._lock:
+            if not part.owned or part.epoch != epoch:
+                if commit_to is not None or hold_at is not None:
+                    log.info(
+                        "Not committing %s-%d: partition revoked or refetched meanwhile; "
+                        "its owner reads from the last committed offset",
+                        tp.topic,
+                        tp.partition,
+                    )
+                return
+            target = hold_at if hold_at is not None else commit_to
+            if target is not None and (part.committed_next is None or target > part.committed_next):
+                await self._commit(tp, part, target)
+            if hold_at is not None:
+                self._hold(tp, part, hold_at)
+        self._progress.set()
+
+    async def aclose(self) -> None:
+        """Stop the DLQ producer, then the consumer (which leaves the group).
+
+        Cancellation: the consumer is still stopped (``finally``).
+        """
+        consumer, self._consumer = self._consumer, None
+        dlq, self._dlq = self._dlq, None
+        try:
+            if dlq is not None:
+                await dlq.stop()
+        finally:
+            if consumer is not None:
+                await consumer.stop()
+                log.info("Kafka consumer stopped group=%s", self._group_id)
+
+    def _own(self, tp: Any) -> _Partition:
+        """Return ``tp``'s state, starting a new assignment if it was not owned.
+
+        Called from the assignment callback and, in case a fetch races ahead of that
+        callback, from the poll loop; idempotent while owned.
+        """
+        part = self._partitions.get(tp)
+        if part is None:
+            part = self._partitions[tp] = _Partition(epoch=next(self._epochs))
+        elif not part.owned:
+            part.new_epoch(next(self._epochs))
+            part.owned = True
+            part.committed_next = None
+        else:
+            return part
+        log.info("Partition assigned %s-%d group=%s", tp.topic, tp.partition, self._group_id)
+        return part
+
+    async def _on_revoked(self, revoked: Iterable[Any]) -> None:
+        parts = {tp: self._partitions[tp] for tp in revoked if tp in self._partitions}
+        for part in parts.values():
+            part.draining = True
+        try:
+            async with asyncio.timeout(self._drain_timeout):
+                while not all(part.drained() for part in parts.values()):
+                    self._progress.clear()
+                    await self._progress.wait()
+        except TimeoutError:
+            undrained = sorted(
+                f"{tp.topic}-{tp.partition}@{part.committed_next}<{part.yielded_next}"
+                for tp, part in parts.items()
+                if not part.drained()
+            )
+            log.warning(
+                "Rebalance drain timed out after %.1fs group=%s; uncommitted ranges are "
+                "redelivered to the new owner: %s",
+                self._drain_timeout,
+                self._group_id,
+                ", ".join(undrained),
+            )
+        async with self._lock:
+            for part in parts.values():
+                part.owned = False
+                part.draining = False
+                part.new_epoch(next(self._epochs))
+        log.info(
+            "Partitions revoked group=%s: %s",
+            self._group_id,
+            ", ".join(sorted(f"{tp.topic}-{tp.partition}" for tp in parts)),
+        )
+
+    async def _dead_letter(self, delivery: _Delivery, outcome: AdvanceOutcome) -> Any:
+        """Queue the DLQ copy; return the future of its acknowledgement."""
+        record = delivery.record
+        total = outcome.acked + outcome.failed + outcome.rejected
+        headers = [
+            *(record.headers or ()),
+            ("ackgate.original.topic", record.topic.encode()),
+            ("ackgate.original.partition", str(record.partition).encode()),
+            ("ackgate.original.offset", str(record.offset).encode()),
+            ("ackgate.reason", f"rejected by {outcome.rejected} of {total} subscribers".encode()),
+        ]
+        try:
+            return await self._dlq.send(
+                self._dlq_topic, value=record.value, key=record.key, headers=headers
+            )
+        except self._errors.KafkaError as exc:
+            log.error(
+                "DLQ write to %s failed for %s-%d@%d: %r",
+                self._dlq_topic,
+                record.topic,
+                record.partition,
+                record.offset,
+                exc,
+            )
+            raise self._translate(exc, "DLQ write failed") from exc
+
+    async def _commit(self, tp: Any, part: _Partition, offset: int) -> None:
+        try:
+            await self._consumer.commit({tp: offset})
+        except self._errors.KafkaError as exc:
+            log.error(
+                "Kafka commit failed group=%s %s-%d offset=%d (last committed %s): %r",
+                self._group_id,
+                tp.topic,
+                tp.partition,
+                offset,
+                part.committed_next,
+                exc,
+            )
+            raise self._translate(exc, "commit failed") from exc
+        part.committed_next = offset
+
+    def _hold(self, tp: Any, part: _Partition, offset: int) -> None:
+        part.new_epoch(next(self._epochs))
+        # A draining partition is about to go to its new owner, who starts at the
+        # committed offset (this one) anyway; seeking an outgoing partition is moot.
+        if not part.draining:
+            self._consumer.seek(tp, offset)
+        log.info(
+            "Holding %s-%d at offset %d (failed or unsubscribed); redelivering from there",
+            tp.topic,
+            tp.partition,
+            offset,
+        )
+
+    def _translate(self, exc: BaseException, what: str) -> Exception:
+        message = f"Kafka {what} (group={self._group_id!r}, servers={self._bootstrap_servers!r})"
+        if isinstance(exc, self._errors.KafkaConnectionError):
+            return ConnectionError(f"{message}: cannot reach the cluster: {exc}")
+        return RuntimeError(f"{message}: {exc!r}")
