@@ -1,0 +1,508 @@
+"""Azure Service Bus adapter: one PEEK_LOCK receiver on a queue or a topic subscription.
+
+Install with ``pip install 'ackgate[servicebus]'`` (``azure-servicebus``, its ``aio`` API).
+
+What each :class:`~ackgate.AdvanceOutcome` does to a message:
+
+* clean (acked by every subscriber) -> ``complete_message``: removed from the entity.
+* rejected by at least one subscriber and failed by none -> ``dead_letter_message``
+  with reason ``"ackgate-rejected"`` and a description counting the rejections: moved
+  to the entity's dead-letter sub-queue.
+* failed by at least one subscriber, or broadcast to nobody -> ``abandon_message``:
+  the broker redelivers it at once with ``delivery_count`` + 1 (the entity's
+  MaxDeliveryCount eventually dead-letters a message that keeps failing).
+* lock lost before the advance (a renewal failed) -> not settled, whatever the
+  outcome: settling with a lost lock is refused by the broker, which redelivers the
+  message once the lock has lapsed. The event thus behaves as *failed*.
+
+Locks: every received message is held under a renewed lock from the moment it is
+received until it is advanced (or abandoned in :meth:`ServiceBusStreamProducer.aclose`);
+on session entities the session lock is renewed instead, since message locks there
+are the session's. A renewal failure is logged at WARNING with the message id and
+sequence number; a lost *session* lock ends the group (``open_stream`` raises), since
+another consumer may now be handed that session's later messages.
+
+Lanes: the session id on session entities (order is kept per session), otherwise the
+sequence number, so every message is its own lane and one slow message holds back
+nothing else. Raise ``max_concurrent_advances`` on the manager to settle several
+lanes at once.
+
+Logging (``ackgate.adapters.servicebus``): settlement and renewal failures at WARNING
+with the message id and sequence number, never a body, a connection string or a key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import Enum
+from types import SimpleNamespace
+from typing import Any, Final
+
+from ackgate._outcome import AdvanceItem, AdvanceOutcome
+from ackgate._producer import SharedStreamProducer
+
+__all__ = ["DEAD_LETTER_REASON", "NEXT_AVAILABLE_SESSION", "ServiceBusStreamProducer"]
+
+_log = logging.getLogger("ackgate.adapters.servicebus")
+
+DEAD_LETTER_REASON: Final = "ackgate-rejected"
+"""The ``reason`` given to ``dead_letter_message`` for a rejected event."""
+
+_CLOSE_TIMEOUT: Final = 10.0
+"""Seconds :meth:`ServiceBusStreamProducer.aclose` spends abandoning unadvanced messages."""
+
+
+class _NextAvailableSession:
+    def __repr__(self) -> str:
+        return "NEXT_AVAILABLE_SESSION"
+
+
+NEXT_AVAILABLE_SESSION: Final = _NextAvailableSession()
+"""Pass as ``session_id`` to take whichever session has messages, one after another.
+
+The SDK's own ``azure.servicebus.NEXT_AVAILABLE_SESSION`` is accepted too.
+"""
+
+
+def _import_sdk() -> SimpleNamespace:
+    try:
+        from azure.servicebus import NEXT_AVAILABLE_SESSION as sdk_next_available
+        from azure.servicebus import ServiceBusReceiveMode
+        from azure.servicebus.aio import ServiceBusClient
+        from azure.servicebus.exceptions import (
+            MessageAlreadySettled,
+            OperationTimeoutError,
+            ServiceBusError,
+            SessionCannotBeLockedError,
+        )
+    except ImportError as exc:
+        raise ImportError(
+            "ServiceBusStreamProducer needs azure-servicebus: pip install 'ackgate[servicebus]'"
+        ) from exc
+    return SimpleNamespace(
+        client=ServiceBusClient,
+        peek_lock=ServiceBusReceiveMode.PEEK_LOCK,
+        next_available=sdk_next_available,
+        # ServiceBusError covers lock lost, session lock lost and transport failures;
+        # MessageAlreadySettled is a ValueError in the SDK.
+        settlement_errors=(ServiceBusError, MessageAlreadySettled),
+        no_session_errors=(OperationTimeoutError, SessionCannotBeLockedError),
+    )
+
+
+@dataclass(eq=False, slots=True)
+class _Delivery:
+    """The broker payload: one received message and the receiver that must settle it."""
+
+    message: Any
+    receiver: Any
+    lane: Hashable
+    # Set by the renewal loop; once True the message is never settled by us.
+    lock_lost: bool = False
+    # Set when advance() starts settling, so a racing renewal error is not a loss.
+    settling: bool = False
+
+
+def _endpoint_host(connection_string: str) -> str | None:
+    for part in connection_string.split(";"):
+        key, _, value = part.partition("=")
+        if key.strip().lower() == "endpoint" and value.strip():
+            host = value.strip().split("://", 1)[-1]
+            return host.split("/", 1)[0] or None
+    return None
+
+
+class ServiceBusStreamProducer(SharedStreamProducer):
+    """Reads one Service Bus queue or topic subscription in PEEK_LOCK mode for ackgate.
+
+    Connect with exactly one of ``connection_string``, ``fully_qualified_namespace``
+    plus ``credential`` (any credential ``ServiceBusClient`` accepts), or
+    ``client_factory`` (a zero-argument callable returning an object with the
+    ``azure.servicebus.aio.ServiceBusClient`` interface; tests pass a fake). Read
+    exactly one of ``queue_name`` or ``topic_name`` plus ``subscription_name``.
+    ``session_id`` is ``None`` for entities without sessions, a session id, or
+    :data:`NEXT_AVAILABLE_SESSION` (one session at a time; an idle, fully advanced
+    session is released and the next one with messages is taken).
+
+    Each event is ``(message, payload)`` where ``message`` is the SDK's
+    ``ServiceBusReceivedMessage``; subscribers must not settle it themselves.
+    Outcomes, locks, lanes and logging are described in the module docstring.
+
+    Every argument is checked here (``ValueError``); nothing connects until
+    :meth:`open_stream`. Secrets are never shown by ``repr`` or in error messages.
+    ``lock_renewal_margin``: a lock with fewer seconds left than this is renewed; the
+    renewal loop wakes every third of it. ``client_options`` go to
+    ``ServiceBusClient`` (``retry_total``, ``transport_type``, ...).
+    """
+
+    def __init__(
+        self,
+        *,
+        connection_string: str | None = None,
+        fully_qualified_namespace: str | None = None,
+        credential: Any = None,
+        client_factory: Callable[[], Any] | None = None,
+        queue_name: str | None = None,
+        topic_name: str | None = None,
+        subscription_name: str | None = None,
+        session_id: str | _NextAvailableSession | Enum | None = None,
+        max_message_count: int = 32,
+        prefetch_count: int = 0,
+        max_wait_time: float = 5.0,
+        lock_renewal_margin: float = 10.0,
+        client_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        sources = [
+            name
+            for name, value in (
+                ("connection_string", connection_string),
+                ("fully_qualified_namespace", fully_qualified_namespace),
+                ("client_factory", client_factory),
+            )
+            if value is not None
+        ]
+        if len(sources) != 1:
+            raise ValueError(
+                "give exactly one of connection_string, fully_qualified_namespace (with "
+                f"credential) or client_factory; got {', '.join(sources) or 'none'}"
+            )
+        if connection_string is not None and (
+            not isinstance(connection_string, str) or _endpoint_host(connection_string) is None
+        ):
+            raise ValueError("connection_string has no Endpoint=sb://... part (value not shown)")
+        if fully_qualified_namespace is not None and (
+            not isinstance(fully_qualified_namespace, str) or not fully_qualified_namespace.strip()
+        ):
+            raise ValueError("fully_qualified_namespace must be a non-empty string")
+        if (credential is not None) != (fully_qualified_namespace is not None):
+            raise ValueError("credential goes with fully_qualified_namespace, and only with it")
+        if client_options is not None and client_factory is not None:
+            raise ValueError("client_options apply to the SDK client, not to client_factory")
+
+        if queue_name is not None:
+            if topic_name is not None or subscription_name is not None:
+                raise ValueError("give queue_name or topic_name + subscription_name, not both")
+            entity = f"queue {queue_name!r}"
+        elif topic_name is not None and subscription_name is not None:
+            entity = f"topic {topic_name!r} subscription {subscription_name!r}"
+        else:
+            raise ValueError("give queue_name, or topic_name together with subscription_name")
+        for name, value in (
+            ("queue_name", queue_name),
+            ("topic_name", topic_name),
+            ("subscription_name", subscription_name),
+        ):
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{name} must be a non-empty string")
+
+        next_available = session_id is NEXT_AVAILABLE_SESSION or (
+            isinstance(session_id, Enum) and session_id.name == "NEXT_AVAILABLE"
+        )
+        if (
+            not next_available
+            and session_id is not None
+            and (not isinstance(session_id, str) or not session_id)
+        ):
+            raise ValueError(
+                "session_id must be None, a non-empty string or NEXT_AVAILABLE_SESSION"
+            )
+        if not isinstance(max_message_count, int) or max_message_count < 1:
+            raise ValueError("max_message_count must be an int >= 1")
+        if not isinstance(prefetch_count, int) or prefetch_count < 0:
+            raise ValueError("prefetch_count must be an int >= 0")
+        if not max_wait_time > 0:
+            raise ValueError("max_wait_time must be > 0")
+        if not lock_renewal_margin > 0:
+            raise ValueError("lock_renewal_margin must be > 0")
+
+        self._connection_string = connection_string
+        self._namespace = fully_qualified_namespace
+        self._credential = credential
+        self._client_factory = client_factory
+        self._client_options = dict(client_options or {})
+        self._queue_name = queue_name
+        self._topic_name = topic_name
+        self._subscription_name = subscription_name
+        self._entity = entity
+        self._session_id = None if next_available else session_id
+        self._next_available = next_available
+        self._sessionful = session_id is not None
+        self._max_message_count = max_message_count
+        self._prefetch_count = prefetch_count
+        self._max_wait_time = float(max_wait_time)
+        self._lock_renewal_margin = float(lock_renewal_margin)
+
+        self._sdk: SimpleNamespace | None = None
+        self._client: Any = None
+        self._receiver: Any = None
+        self._renewer: asyncio.Task[None] | None = None
+        # Invariant: holds exactly the deliveries received and not yet advanced or
+        # abandoned in aclose(); the renewal loop renews these and nothing else.
+        self._held: set[_Delivery] = set()
+        self._session_lost: BaseException | None = None
+
+    def __repr__(self) -> str:
+        if self._connection_string is not None:
+            namespace = _endpoint_host(self._connection_string)
+        elif self._namespace is not None:
+            namespace = self._namespace
+        else:
+            namespace = "<client_factory>"
+        if self._next_available:
+            session = ", session=NEXT_AVAILABLE_SESSION"
+        elif self._session_id is not None:
+            session = f", session={self._session_id!r}"
+        else:
+            session = ""
+        return f"ServiceBusStreamProducer(namespace={namespace!r}, {self._entity}{session})"
+
+    # -- the stream ---------------------------------------------------------------
+
+    async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
+        """Receive messages forever, yielding ``(message, payload)``.
+
+        Opens the client here (closed in :meth:`aclose`, never in this generator)
+        and starts the lock renewal loop. Raises when a receive fails, except that
+        with :data:`NEXT_AVAILABLE_SESSION` "no session available" is waited out,
+        and when a session lock was lost. Cancellation arrives at the receive or a
+        ``yield``; messages already received stay held and are abandoned in
+        :meth:`aclose`.
+        """
+        sdk = self._sdk = _import_sdk()
+        self._client = self._make_client(sdk)
+        self._renewer = asyncio.create_task(self._renew_locks(), name=f"ackgate renew {self!r}")
+        _log.info("Receiving from Service Bus %s", self._entity)
+        while True:
+            if self._receiver is None:
+                self._receiver = self._make_receiver(sdk)
+            receiver = self._receiver
+            try:
+                messages = await receiver.receive_messages(
+                    max_message_count=self._max_message_count, max_wait_time=self._max_wait_time
+                )
+            except sdk.no_session_errors:
+                if not self._next_available or self._holds(receiver):
+                    raise
+                _log.debug("No Service Bus session available on %s; retrying", self._entity)
+                await self._close_receiver()
+                continue
+            self._check_renewal()
+            if not messages:
+                if self._next_available and not self._holds(receiver):
+                    # Idle and fully advanced: let the next session with messages in.
+                    await self._close_receiver()
+                continue
+            deliveries = [_Delivery(m, receiver, self._lane_of(m)) for m in messages]
+            self._held.update(deliveries)
+            for delivery in deliveries:
+                yield delivery.message, delivery
+
+    def get_advance_lane(self, broker_payload: Any) -> Hashable:
+        """The session id on session entities, else the message's sequence number."""
+        lane: Hashable = broker_payload.lane
+        return lane
+
+    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        """Settle each message in order: complete, dead-letter or abandon (module docstring).
+
+        Settlement errors (lock lost, already settled, session lock lost, transport)
+        are logged with the message id and sequence number and do not raise: the
+        broker redelivers what was not settled. Anything else raises and ends the
+        group. Cancellation: the message being settled may or may not be settled.
+        """
+        for item in batch:
+            await self._settle(item.broker_payload, item.outcome)
+
+    async def aclose(self) -> None:
+        """Stop renewing, abandon every message never advanced, close receiver and client.
+
+        Best-effort and bounded: abandoning gives up after ``_CLOSE_TIMEOUT`` seconds
+        (the locks then lapse on their own); the receiver and client are closed
+        whatever happened before.
+        """
+        try:
+            if self._renewer is not None:
+                self._renewer.cancel()
+                await asyncio.wait([self._renewer])
+            await self._abandon_held()
+        finally:
+            try:
+                await self._close_receiver()
+            finally:
+                client, self._client = self._client, None
+                if client is not None:
+                    await client.close()
+                    _log.info("Closed Service Bus client for %s", self._entity)
+
+    # -- helpers ------------------------------------------------------------------
+
+    def _make_client(self, sdk: SimpleNamespace) -> Any:
+        if self._client_factory is not None:
+            return self._client_factory()
+        try:
+            if self._connection_string is not None:
+                return sdk.client.from_connection_string(
+                    self._connection_string, **self._client_options
+                )
+            return sdk.client(self._namespace, self._credential, **self._client_options)
+        except Exception as exc:
+            # The SDK's message may quote its input; the connection string holds a key.
+            raise ValueError(
+                f"could not create ServiceBusClient ({type(exc).__name__}); "
+                "check the connection arguments (values not shown)"
+            ) from None
+
+    def _make_receiver(self, sdk: SimpleNamespace) -> Any:
+        options: dict[str, Any] = {
+            "receive_mode": sdk.peek_lock,
+            "prefetch_count": self._prefetch_count,
+            # On NEXT_AVAILABLE_SESSION this bounds the wait for a session.
+            "max_wait_time": self._max_wait_time,
+        }
+        if self._sessionful:
+            options["session_id"] = sdk.next_available if self._next_available else self._session_id
+        if self._queue_name is not None:
+            return self._client.get_queue_receiver(self._queue_name, **options)
+        return self._client.get_subscription_receiver(
+            self._topic_name, self._subscription_name, **options
+        )
+
+    def _lane_of(self, message: Any) -> Hashable:
+        lane: Hashable = message.session_id if self._sessionful else message.sequence_number
+        return lane
+
+    def _holds(self, receiver: Any) -> bool:
+        return any(delivery.receiver is receiver for delivery in self._held)
+
+    def _check_renewal(self) -> None:
+        if self._session_lost is not None:
+            raise self._session_lost
+        if self._renewer is not None and self._renewer.done():
+            raise RuntimeError("Service Bus lock renewal stopped") from self._renewer.exception()
+
+    async def _close_receiver(self) -> None:
+        receiver, self._receiver = self._receiver, None
+        if receiver is not None:
+            await receiver.close()
+
+    async def _settle(self, delivery: _Delivery, outcome: AdvanceOutcome) -> None:
+        assert self._sdk is not None, "advance() before open_stream()"
+        message, receiver = delivery.message, delivery.receiver
+        delivery.settling = True
+        try:
+            if delivery.lock_lost:
+                _log.warning(
+                    "Service Bus lock was lost; not settling message_id=%s sequence_number=%s "
+                    "(outcome %s); the broker redelivers it",
+                    message.message_id,
+                    message.sequence_number,
+                    outcome,
+                )
+                return
+            if outcome.is_clean:
+                action = "complete"
+                await_settle = receiver.complete_message(message)
+            elif outcome.rejected and not outcome.failed:
+                action = "dead-letter"
+                await_settle = receiver.dead_letter_message(
+                    message,
+                    reason=DEAD_LETTER_REASON,
+                    error_description=(
+                        f"rejected by {outcome.rejected} of "
+                        f"{outcome.acked + outcome.rejected} ackgate subscribers"
+                    ),
+                )
+            else:
+                action = "abandon"
+                await_settle = receiver.abandon_message(message)
+            try:
+                await await_settle
+            except self._sdk.settlement_errors as exc:
+                _log.warning(
+                    "Service Bus %s failed for message_id=%s sequence_number=%s (%s); "
+                    "the broker redelivers it",
+                    action,
+                    message.message_id,
+                    message.sequence_number,
+                    type(exc).__name__,
+                )
+        finally:
+            self._held.discard(delivery)
+
+    async def _abandon_held(self) -> None:
+        pending = [d for d in self._held if not (d.lock_lost or d.settling)]
+        self._held.clear()
+        if not pending or self._sdk is None:
+            return
+        _log.info("Abandoning %d unadvanced Service Bus messages on close", len(pending))
+        try:
+            async with asyncio.timeout(_CLOSE_TIMEOUT):
+                for delivery in pending:
+                    try:
+                        await delivery.receiver.abandon_message(delivery.message)
+                    except self._sdk.settlement_errors as exc:
+                        _log.debug(
+                            "Abandon on close failed for message_id=%s sequence_number=%s (%s)",
+                            delivery.message.message_id,
+                            delivery.message.sequence_number,
+                            type(exc).__name__,
+                        )
+        except TimeoutError:
+            _log.warning("Gave up abandoning Service Bus messages on close; their locks lapse")
+
+    async def _renew_locks(self) -> None:
+        # Runs from open_stream until aclose. One failure loses one lock (or, for a
+        # session, the session), never the loop.
+        margin = timedelta(seconds=self._lock_renewal_margin)
+        while True:
+            await asyncio.sleep(self._lock_renewal_margin / 3)
+            due = datetime.now(UTC) + margin
+            receiver = self._receiver
+            if self._sessionful and receiver is not None and self._session_lost is None:
+                await self._renew_session(receiver, due)
+            for delivery in list(self._held):
+                locked_until = delivery.message.locked_until_utc
+                if (
+                    delivery.lock_lost
+                    or delivery.settling
+                    or locked_until is None
+                    or locked_until > due
+                ):
+                    continue
+                try:
+                    await delivery.receiver.renew_message_lock(delivery.message)
+                except Exception as exc:
+                    if delivery.settling or delivery not in self._held:
+                        continue  # advanced meanwhile: the error is about a settled message
+                    delivery.lock_lost = True
+                    _log.warning(
+                        "Service Bus lock renewal failed for message_id=%s sequence_number=%s "
+                        "(%s); it will not be settled and the broker redelivers it",
+                        delivery.message.message_id,
+                        delivery.message.sequence_number,
+                        type(exc).__name__,
+                    )
+
+    async def _renew_session(self, receiver: Any, due: datetime) -> None:
+        session = receiver.session
+        if session is None or session.locked_until_utc is None or session.locked_until_utc > due:
+            return
+        try:
+            await session.renew_lock()
+        except Exception as exc:
+            if receiver is not self._receiver:
+                return  # released by open_stream meanwhile
+            self._session_lost = exc
+            for delivery in self._held:
+                if delivery.receiver is receiver:
+                    delivery.lock_lost = True
+            _log.warning(
+                "Service Bus session lock renewal failed for session_id=%s (%s); "
+                "its unsettled messages will be redelivered and the stream ends",
+                session.session_id,
+                type(exc).__name__,
+            )
