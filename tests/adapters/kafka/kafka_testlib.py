@@ -1,0 +1,93 @@
+"""Async helpers over the test broker, shared by the Kafka adapter tests and scripts."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.structs import TopicPartition
+
+
+class KafkaTestCluster:
+    """Small async helpers over the test broker; every test names its own topics."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+
+    @staticmethod
+    def unique(prefix: str) -> str:
+        return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+    async def create_topic(self, name: str, partitions: int) -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(name, partitions, 1)])
+        finally:
+            await admin.close()
+
+    async def produce(self, topic: str, count: int, partitions: int) -> None:
+        """Write ``count`` messages, value ``b"<n>"``, round-robin over the partitions."""
+        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=5)
+        await producer.start()
+        try:
+            futures = [
+                await producer.send(topic, str(n).encode(), partition=n % partitions)
+                for n in range(count)
+            ]
+            await asyncio.gather(*futures)
+        finally:
+            await producer.stop()
+
+    async def end_offsets(self, topic: str, partitions: int) -> dict[TopicPartition, int]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap)
+        await consumer.start()
+        try:
+            tps = [TopicPartition(topic, p) for p in range(partitions)]
+            ends: dict[TopicPartition, int] = await consumer.end_offsets(tps)
+            return ends
+        finally:
+            await consumer.stop()
+
+    async def committed(self, group: str) -> dict[TopicPartition, int]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        await admin.start()
+        try:
+            offsets = await admin.list_consumer_group_offsets(group)
+            return {tp: meta.offset for tp, meta in offsets.items()}
+        finally:
+            await admin.close()
+
+    async def wait_committed_to_end(
+        self, group: str, topic: str, partitions: int
+    ) -> dict[TopicPartition, int]:
+        """Poll the group's committed offsets until they equal the end offsets.
+
+        The broker offers nothing to await, so this polls; callers bound it with
+        ``asyncio.timeout``.
+        """
+        ends = await self.end_offsets(topic, partitions)
+        while True:
+            committed = await self.committed(group)
+            if all(committed.get(tp) == end for tp, end in ends.items()):
+                return committed
+            await asyncio.sleep(0.2)
+
+    async def read_all(self, topic: str, expected: int) -> list[Any]:
+        """Read ``topic`` from the start until ``expected`` records arrived (bounded: 30 s)."""
+        consumer = AIOKafkaConsumer(
+            topic, bootstrap_servers=self.bootstrap, auto_offset_reset="earliest"
+        )
+        await consumer.start()
+        records: list[Any] = []
+        try:
+            async with asyncio.timeout(30):
+                while len(records) < expected:
+                    for batch in (await consumer.getmany(timeout_ms=500)).values():
+                        records.extend(batch)
+            return records
+        finally:
+            await consumer.stop()
