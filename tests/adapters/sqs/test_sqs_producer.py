@@ -1,0 +1,199 @@
+"""SqsStreamProducer driven directly (open_stream / advance / aclose), no manager."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from sqs_support import REGION, SqsAdmin
+
+from ackgate import AdvanceItem, AdvanceOutcome
+from ackgate.adapters.sqs import REASON_ATTRIBUTE, SqsStreamProducer
+
+CLEAN = AdvanceOutcome(acked=2, failed=0, rejected=0)
+FAILED = AdvanceOutcome(acked=1, failed=1, rejected=0)
+NOBODY = AdvanceOutcome(acked=0, failed=0, rejected=0)
+REJECTED = AdvanceOutcome(acked=1, failed=0, rejected=1)
+
+
+def producer(sqs: SqsAdmin, url: str, **options: Any) -> SqsStreamProducer:
+    options.setdefault("wait_time_seconds", 1)
+    return SqsStreamProducer(url, region_name=REGION, endpoint_url=sqs.endpoint, **options)
+
+
+async def take(stream: AsyncIterator[tuple[Any, Any]], count: int) -> list[tuple[Any, Any]]:
+    async with asyncio.timeout(10):
+        return [await anext(stream) for _ in range(count)]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_messages": 0},
+        {"max_messages": 11},
+        {"wait_time_seconds": 21},
+        {"visibility_timeout": 0},
+    ],
+)
+def test_rejects_out_of_range_arguments(options: dict[str, int]) -> None:
+    with pytest.raises(ValueError, match=next(iter(options))):
+        SqsStreamProducer("http://127.0.0.1:1/123/q", **options)
+
+
+async def test_lane_is_the_message_on_standard_and_the_group_on_fifo(sqs: SqsAdmin) -> None:
+    standard = await sqs.create_queue()
+    fifo = await sqs.create_queue(fifo=True)
+    ids = await sqs.send(standard, ["a", "b"])
+    await sqs.send(fifo, ["c"], group="g-1")
+    for url, lanes in ((standard, ids), (fifo, ["g-1"])):
+        source = producer(sqs, url)
+        stream = source.open_stream()
+        try:
+            pairs = await take(stream, len(lanes))
+            assert [source.get_advance_lane(payload) for _, payload in pairs] == lanes
+            await source.advance([AdvanceItem(payload, CLEAN) for _, payload in pairs])
+        finally:
+            await stream.aclose()
+            await source.aclose()
+        assert await sqs.depth(url) == 0
+
+
+async def test_outcomes_delete_release_and_dead_letter(sqs: SqsAdmin) -> None:
+    dlq = await sqs.create_queue(fifo=True)
+    url = await sqs.create_queue(fifo=True)
+    colour = {"colour": {"DataType": "String", "StringValue": "blue"}}
+    await sqs.send(url, ["clean", "failed", "nobody", "rejected"], group="g", attributes=colour)
+    source = producer(sqs, url, dlq_queue_url=dlq)
+    stream = source.open_stream()
+    try:
+        pairs = await take(stream, 4)
+        assert [raw["Body"] for raw, _ in pairs] == ["clean", "failed", "nobody", "rejected"]
+        outcomes = [CLEAN, FAILED, NOBODY, REJECTED]
+        await source.advance([AdvanceItem(p, o) for (_, p), o in zip(pairs, outcomes, strict=True)])
+    finally:
+        await stream.aclose()
+        await source.aclose()
+    async with asyncio.timeout(10):
+        back = await sqs.drain(url, wait=1)
+        dead = await sqs.drain(dlq, wait=1)
+    assert sorted(m["Body"] for m in back) == ["failed", "nobody"]
+    assert [m["Attributes"]["ApproximateReceiveCount"] for m in back] == ["2", "2"]
+    [letter] = dead
+    assert letter["Body"] == "rejected"
+    assert letter["Attributes"]["MessageGroupId"] == "g"
+    assert letter["MessageAttributes"]["colour"]["StringValue"] == "blue"
+    assert letter["MessageAttributes"][REASON_ATTRIBUTE]["StringValue"] == (
+        "rejected by 1 of 2 subscribers"
+    )
+
+
+async def test_heartbeat_keeps_a_held_message_invisible(sqs: SqsAdmin) -> None:
+    url = await sqs.create_queue()
+    await sqs.send(url, ["slow"])
+    source = producer(sqs, url, visibility_timeout=2)
+    stream = source.open_stream()
+    try:
+        [(raw, payload)] = await take(stream, 1)
+        # Another consumer long-polls for 2.5 visibility timeouts: the heartbeat
+        # must keep the message hidden the whole time.
+        assert await sqs.drain(url, wait=5, once=True) == []
+        await source.advance([AdvanceItem(payload, CLEAN)])
+    finally:
+        await stream.aclose()
+        await source.aclose()
+    assert raw["Attributes"]["ApproximateReceiveCount"] == "1"
+    assert await sqs.depth(url) == 0
+
+
+async def test_aclose_releases_what_was_never_advanced(sqs: SqsAdmin) -> None:
+    url = await sqs.create_queue()
+    await sqs.send(url, [f"m{i}" for i in range(5)])
+    source = producer(sqs, url, max_messages=10, visibility_timeout=300)
+    stream = source.open_stream()
+    try:
+        pairs = await take(stream, 2)
+        await source.advance([AdvanceItem(pairs[0][1], CLEAN)])
+    finally:
+        await stream.aclose()
+        await source.aclose()
+    async with asyncio.timeout(10):
+        back = await sqs.drain(url, wait=1)
+    assert len(back) == 4  # one acked; the other four come back without the 300 s wait
+
+
+async def test_stale_receipt_is_logged_not_raised(
+    sqs: SqsAdmin, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = await sqs.create_queue()
+    [message_id] = await sqs.send(url, ["once"])
+    source = producer(sqs, url)
+    stream = source.open_stream()
+    try:
+        [(_, payload)] = await take(stream, 1)
+        await source.advance([AdvanceItem(payload, CLEAN)])
+        with caplog.at_level(logging.WARNING, logger="ackgate.adapters.sqs"):
+            await source.advance([AdvanceItem(payload, FAILED)])
+    finally:
+        await stream.aclose()
+        await source.aclose()
+    assert message_id in caplog.text
+    assert "ReceiptHandleIsInvalid" in caplog.text
+
+
+class FlakyClient:
+    """Fails entry "0" of each delete with ``code`` ``failures`` times, then succeeds."""
+
+    def __init__(self, code: str, failures: int) -> None:
+        self.code = code
+        self.failures = failures
+        self.calls: list[list[str]] = []
+
+    async def delete_message_batch(self, QueueUrl: str, Entries: list[dict[str, Any]]) -> Any:
+        self.calls.append([entry["Id"] for entry in Entries])
+        if self.failures and any(entry["Id"] == "0" for entry in Entries):
+            self.failures -= 1
+            return {"Failed": [{"Id": "0", "SenderFault": False, "Code": self.code}]}
+        return {"Successful": [{"Id": entry["Id"]} for entry in Entries]}
+
+
+def fake_payloads(count: int) -> list[Any]:
+    """Broker payloads as open_stream makes them, without a server."""
+    from ackgate.adapters.sqs import _Receipt
+
+    return [
+        _Receipt({"MessageId": f"id-{i}", "ReceiptHandle": f"rh-{i}"}, f"id-{i}", 0.0)
+        for i in range(count)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("code", "failures", "calls", "logged"),
+    [
+        (
+            "InternalError",
+            1,
+            [[str(i) for i in range(10)], ["0"], [str(i) for i in range(2)]],
+            False,
+        ),
+        ("InternalError", 3, [[str(i) for i in range(10)], ["0"], ["0"], ["0", "1"]], True),
+        ("ReceiptHandleIsInvalid", 1, [[str(i) for i in range(10)], ["0", "1"]], True),
+    ],
+)
+async def test_batch_entry_failures_are_retried_then_logged(
+    caplog: pytest.LogCaptureFixture,
+    code: str,
+    failures: int,
+    calls: list[list[str]],
+    logged: bool,
+) -> None:
+    source = SqsStreamProducer("http://127.0.0.1:1/123/q")
+    client = FlakyClient(code, failures)
+    source._client = client
+    payloads = fake_payloads(12)
+    with caplog.at_level(logging.WARNING, logger="ackgate.adapters.sqs"):
+        await source.advance([AdvanceItem(p, CLEAN) for p in payloads])
+    assert client.calls == calls  # chunks of ten; a stale handle is not retried
+    assert ("id-0" in caplog.text) is logged
