@@ -1,4 +1,11 @@
-"""ackgate: read a broker once, fan out to many handlers, advance only when all are done."""
+"""ackgate: read a broker once, fan each event out to many handlers, and advance the
+broker only after every handler is done with it.
+
+The public names live here; the modules behind them are private. Topology:
+:class:`SharedStreamProducer` (the broker side) feeds a group's fan-out log, each
+:class:`Subscription` reads it through its own cursor, and a lane tracker hands
+resolved events back to the producer in order.
+"""
 
 from ackgate._errors import (
     AckGateError,
@@ -7,8 +14,11 @@ from ackgate._errors import (
     StreamTerminated,
     SubscriberOverflow,
 )
+from ackgate._manager import SharedStreamManager
 from ackgate._outcome import AdvanceItem, AdvanceOutcome
 from ackgate._producer import SharedStreamProducer
+from ackgate._stats import GroupStats
+from ackgate._subscription import Subscription, reject_shared_stream_event
 
 __all__ = [
     "AckGateError",
@@ -16,7 +26,11 @@ __all__ = [
     "AdvanceFailed",
     "AdvanceItem",
     "AdvanceOutcome",
+    "GroupStats",
+    "SharedStreamManager",
     "SharedStreamProducer",
     "StreamTerminated",
     "SubscriberOverflow",
+    "Subscription",
+    "reject_shared_stream_event",
 ]

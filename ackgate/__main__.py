@@ -1,0 +1,8 @@
+"""``python -m ackgate``: the same command line as the ``ackgate`` console script."""
+
+import sys
+
+from ackgate._cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,466 @@
+"""The ``ackgate`` command: ``ackgate demo`` runs the whole pipeline on the embedded broker.
+
+The demo publishes N JSON events (about 1 % of them torn mid-record) into a
+:class:`~ackgate.adapters.memory.MemoryBroker` and reads them through one shared
+stream with up to three handlers: the *indexer* persists every valid event into
+a SQLite table through the runner's sink (bind, store, confirm), the *auditor*
+rejects malformed events (they end in ``<topic>.dlq``), and the *notifier* sends
+a notification per valid event to a deliberately slow downstream. It stops once
+the group has committed past every event, then checks the books: the committed
+offsets and the dead-letter topic account for every published event, and the
+indexer's table holds every valid event exactly once.
+
+Exit status: 0 when the books balance, 1 when they do not (or the run failed),
+2 for bad options. Progress bars and the summary table need ``rich`` (the
+``cli`` extra); ``--json`` prints the summary as JSON and needs nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sqlite3
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+from ackgate import SharedStreamManager, StreamTerminated, reject_shared_stream_event
+from ackgate.adapters.memory import (
+    MemoryBroker,
+    MemoryProducerStats,
+    MemoryStreamProducer,
+    Position,
+)
+
+HANDLERS = ("indexer", "auditor", "notifier")
+TOPIC = "demo.events"
+GROUP = "ackgate-demo"
+KEY = "demo"
+MALFORMED_RATE = 0.01
+# The notifier's downstream answers a burst of NOTIFY_BURST notifications per NOTIFY_PAUSE.
+NOTIFY_BURST = 20
+NOTIFY_PAUSE = 0.002
+STALL_SECONDS = 30.0
+REFRESH_SECONDS = 0.1
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _handler_list(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
+    unknown = [name for name in names if name not in HANDLERS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"pick from {','.join(HANDLERS)} (comma-separated), got {text!r}"
+        )
+    return names
+
+
+def _parser() -> _Parser:
+    parser = _Parser(prog="ackgate", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    demo = commands.add_parser("demo", help="run the embedded-broker demo and check the books")
+    demo.add_argument("--events", type=_positive, default=10_000, help="events to publish")
+    demo.add_argument("--partitions", type=_positive, default=4, help="partitions of the topic")
+    demo.add_argument("--handlers", type=_handler_list, default=HANDLERS,
+                      help="comma-separated subset of indexer,auditor,notifier (default: all)")
+    demo.add_argument("--crash-at", type=_positive, metavar="N",
+                      help="the notifier crashes once, on its N-th event, and re-subscribes")
+    demo.add_argument("--json", action="store_true", help="print the summary as JSON, no bars")
+    demo.add_argument("--seed", type=int, default=1, help="seed of the generated events")
+    demo.add_argument("--db", type=Path, help="SQLite file for the indexer (default: temporary)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status."""
+    parser = _parser()
+    opts = parser.parse_args(argv)
+    if opts.crash_at is not None:
+        if "notifier" not in opts.handlers:
+            parser.error("--crash-at needs the notifier among --handlers")
+        if opts.crash_at > opts.events:
+            parser.error(f"--crash-at {opts.crash_at} is beyond --events {opts.events}")
+    if opts.json:
+        display: _Display = _Display()
+    else:
+        try:
+            display = _RichDisplay(opts.handlers)
+        except ImportError:
+            print("ackgate demo: the progress display needs rich: "
+                  "pip install 'ackgate[cli]' (or use --json)", file=sys.stderr)
+            return 1
+    with tempfile.TemporaryDirectory(prefix="ackgate-demo-") as scratch:
+        db = opts.db if opts.db is not None else Path(scratch) / "index.sqlite3"
+        demo = _Demo(opts.events, opts.partitions, opts.handlers, opts.crash_at, opts.seed, db)
+        summary = asyncio.run(demo.run(display))
+    display.finish(summary)
+    if opts.json:
+        print(json.dumps(summary, indent=2))
+    for problem in summary["discrepancies"]:
+        print(f"ackgate demo: books do not balance: {problem}", file=sys.stderr)
+    return 0 if summary["balanced"] else 1
+
+
+def _parse(raw: bytes) -> tuple[int, str, int] | None:
+    """``(id, user, amount)`` of a well-formed event, ``None`` for a malformed one."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    fields = doc.get("id"), doc.get("user"), doc.get("amount")
+    if isinstance(fields[0], int) and isinstance(fields[1], str) and isinstance(fields[2], int):
+        return fields[0], fields[1], fields[2]
+    return None
+
+
+class _CrashRequested(Exception):
+    """The notifier's scripted crash (``--crash-at``)."""
+
+
+class _Store:
+    """The indexer's SQLite table. One worker thread owns the connection, so the loop
+    never waits on disk and sqlite3's same-thread rule holds."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ackgate-demo-db")
+        self._conn: sqlite3.Connection | None = None
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def open(self) -> None:
+        await self._call(self._open)
+
+    async def put(self, row: tuple[int, str, int]) -> None:
+        await self._call(self._put, row)
+
+    async def contents(self) -> tuple[set[int], int]:
+        """The stored ids and the number of duplicate deliveries the upsert absorbed."""
+        result: tuple[set[int], int] = await self._call(self._contents)
+        return result
+
+    async def close(self) -> None:
+        await self._call(self._close)
+        self._pool.shutdown()
+
+    def _open(self) -> None:
+        self._conn = sqlite3.connect(self._path, isolation_level=None)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("DROP TABLE IF EXISTS events")
+        self._conn.execute("CREATE TABLE events (id INTEGER PRIMARY KEY, user TEXT NOT NULL,"
+                           " amount INTEGER NOT NULL, deliveries INTEGER NOT NULL)")
+
+    def _put(self, row: tuple[int, str, int]) -> None:
+        assert self._conn is not None
+        # The primary key makes redelivery idempotent: a duplicate only bumps a counter.
+        self._conn.execute("INSERT INTO events VALUES (?, ?, ?, 1) ON CONFLICT(id)"
+                           " DO UPDATE SET deliveries = deliveries + 1", row)
+
+    def _contents(self) -> tuple[set[int], int]:
+        assert self._conn is not None
+        ids = {row[0] for row in self._conn.execute("SELECT id FROM events")}
+        [(extra,)] = self._conn.execute("SELECT COALESCE(SUM(deliveries - 1), 0) FROM events")
+        return ids, int(extra)
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+
+
+@dataclass
+class _Published:
+    malformed: set[Position] = field(default_factory=set)
+    valid_ids: set[int] = field(default_factory=set)
+
+
+class _Demo:
+    def __init__(self, events: int, partitions: int, handlers: Sequence[str],
+                 crash_at: int | None, seed: int, db: Path) -> None:
+        self.events = events
+        self.partitions = partitions
+        self.handlers = tuple(handlers)
+        self.crash_at = crash_at
+        self.seed = seed
+        self.broker = MemoryBroker()
+        self.store = _Store(db)
+        self.handled = dict.fromkeys(self.handlers, 0)
+        self.crashes = 0
+        self.notified = 0
+        self._producers: list[MemoryStreamProducer] = []
+        self._note: Callable[[str], None] = lambda _: None
+
+    def publish(self) -> _Published:
+        rng = random.Random(self.seed)
+        published = _Published()
+        self.broker.create_topic(TOPIC, self.partitions)
+        for n in range(self.events):
+            user = f"user-{rng.randrange(1000)}"
+            body = json.dumps({"id": n, "user": user, "amount": rng.randrange(1, 10_000)}).encode()
+            malformed = rng.random() < MALFORMED_RATE
+            if malformed:
+                body = body[: len(body) // 2]  # torn mid-record
+            position = self.broker.publish(TOPIC, body, key=user)
+            if malformed:
+                published.malformed.add(position)
+            else:
+                published.valid_ids.add(n)
+        return published
+
+    def producer(self) -> MemoryStreamProducer:
+        producer = MemoryStreamProducer(self.broker, TOPIC, GROUP)
+        self._producers.append(producer)
+        return producer
+
+    def stats(self) -> MemoryProducerStats:
+        """Counters summed over every producer (one per group; a group restarts if the
+        notifier was the only handler and crashed)."""
+        totals = dict.fromkeys(MemoryProducerStats.__dataclass_fields__, 0)
+        for producer in self._producers:
+            for name in totals:
+                totals[name] += getattr(producer.stats, name)
+        return MemoryProducerStats(**totals)
+
+    def committed_total(self) -> int:
+        return sum(self.broker.committed(TOPIC, GROUP).values())
+
+    async def index(self, events: AsyncIterator[bytes]) -> AsyncIterator[tuple[int, str, int]]:
+        async for raw in events:
+            self.handled["indexer"] += 1
+            row = _parse(raw)
+            if row is not None:
+                yield row  # the runner binds it, awaits the sink (SQLite), then confirms
+
+    async def audit(self, events: AsyncIterator[bytes]) -> AsyncIterator[None]:
+        async for raw in events:
+            self.handled["auditor"] += 1
+            if _parse(raw) is None:
+                reject_shared_stream_event()
+                continue
+            yield None  # nothing to persist: the event passed the audit
+
+    async def notify(self, events: AsyncIterator[bytes]) -> AsyncIterator[str]:
+        async for raw in events:
+            self.handled["notifier"] += 1
+            if self.crashes == 0 and self.handled["notifier"] == self.crash_at:
+                raise _CrashRequested(f"notifier crashed on its event {self.crash_at}")
+            row = _parse(raw)
+            if row is not None:
+                yield row[1]
+
+    async def send(self, user: str) -> None:
+        self.notified += 1
+        if self.notified % NOTIFY_BURST == 0:
+            await asyncio.sleep(NOTIFY_PAUSE)  # the slow downstream
+
+    async def _supervise(self, manager: SharedStreamManager, name: str) -> None:
+        handle: Any = {"indexer": self.index, "auditor": self.audit, "notifier": self.notify}[name]
+        sink: Any = {"indexer": self.store.put, "notifier": self.send}.get(name)
+        while True:
+            try:
+                await manager.run_subscriber(KEY, name, handle, producer=self.producer, sink=sink)
+            except _CrashRequested as crash:
+                self.crashes += 1
+                self._note(f"{crash}; re-subscribing: the events it had not finished"
+                           " are redelivered")
+            else:
+                return
+
+    async def run(self, display: _Display) -> dict[str, Any]:
+        published = self.publish()
+        self._note = display.note
+        await self.store.open()
+        problems: list[str] = []
+        started = time.perf_counter()
+        try:
+            async with SharedStreamManager(overflow="block", subscriber_queue_size=256,
+                                           cohort_grace_period=0.05) as manager:
+                tasks = [asyncio.create_task(self._supervise(manager, name), name=name)
+                         for name in self.handlers]
+                problems += await self._wait_until_drained(tasks, display)
+                elapsed = time.perf_counter() - started
+                for task in tasks:
+                    task.cancel()
+                for task, outcome in zip(
+                    tasks, await asyncio.gather(*tasks, return_exceptions=True), strict=True
+                ):
+                    if isinstance(outcome, Exception) and not isinstance(outcome, StreamTerminated):
+                        problems.append(f"handler {task.get_name()} failed: {outcome!r}")
+            ids, duplicates = await self.store.contents()
+        finally:
+            await self.store.close()
+        display.update(self)
+        problems += self._check_books(published, ids)
+        return self._summary(published, elapsed, len(ids), duplicates, problems)
+
+    async def _wait_until_drained(self, tasks: list[asyncio.Task[None]],
+                                  display: _Display) -> list[str]:
+        drained = asyncio.create_task(self.broker.wait_drained(TOPIC, GROUP))
+        progress, progress_at = -1, time.monotonic()
+        try:
+            while not drained.done():
+                await asyncio.wait([drained, *tasks], timeout=REFRESH_SECONDS,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                display.update(self)
+                if any(task.done() for task in tasks) and not drained.done():
+                    return ["a handler stopped before every event was committed"]
+                if self.committed_total() != progress:
+                    progress, progress_at = self.committed_total(), time.monotonic()
+                elif time.monotonic() - progress_at > STALL_SECONDS:
+                    return [f"no commit for {STALL_SECONDS:.0f} s; gave up"]
+            return []
+        finally:
+            drained.cancel()
+
+    def _check_books(self, published: _Published, ids: set[int]) -> list[str]:
+        problems = []
+        committed = self.broker.committed(TOPIC, GROUP)
+        for partition, end in self.broker.end_offsets(TOPIC).items():
+            if committed[partition] != end:
+                problems.append(f"partition {partition}: committed offset "
+                                f"{committed[partition]} of {end}")
+        origins = [record.origin for record in self.broker.records(TOPIC + ".dlq")]
+        if len(set(origins)) != len(origins):
+            problems.append(f"the DLQ holds {len(origins) - len(set(origins))} duplicates")
+        expected = published.malformed if "auditor" in self.handlers else set()
+        if missing := len(expected - set(origins)):
+            problems.append(f"{missing} malformed events are missing from the DLQ")
+        if extra := len(set(origins) - expected):
+            problems.append(f"{extra} events are in the DLQ but should not be")
+        if "indexer" in self.handlers:
+            if missing := sorted(published.valid_ids - ids):
+                problems.append(f"{len(missing)} valid events are missing from the index,"
+                                f" first ids {missing[:5]}")
+            if extra := len(ids - published.valid_ids):
+                problems.append(f"the index holds {extra} events it should not")
+        return problems
+
+    def _summary(self, published: _Published, elapsed: float, rows: int, duplicates: int,
+                 problems: list[str]) -> dict[str, Any]:
+        stats = self.stats()
+        return {
+            "events": self.events,
+            "malformed": len(published.malformed),
+            "partitions": self.partitions,
+            "handlers": list(self.handlers),
+            "seed": self.seed,
+            "delivered": stats.delivered,
+            "redelivered": stats.redelivered,
+            "acked": stats.acked,
+            "failed": stats.failed,
+            "rejected": stats.rejected,
+            "committed_events": stats.committed,
+            "dlq_size": len(self.broker.records(TOPIC + ".dlq")),
+            "holds": stats.held,
+            "handled": dict(self.handled),
+            "notifier_crashes": self.crashes,
+            "indexer_rows": rows if "indexer" in self.handlers else None,
+            "duplicates_absorbed": duplicates,
+            "elapsed_seconds": round(elapsed, 3),
+            "throughput_events_per_second": round(self.events / elapsed) if elapsed else None,
+            "committed_offsets": {str(p): o for p, o in self.broker.committed(TOPIC, GROUP).items()},
+            "end_offsets": {str(p): o for p, o in self.broker.end_offsets(TOPIC).items()},
+            "balanced": not problems,
+            "discrepancies": problems,
+        }
+
+
+class _Display:
+    """No output while running (``--json``)."""
+
+    def note(self, message: str) -> None:
+        pass
+
+    def update(self, demo: _Demo) -> None:
+        pass
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        pass
+
+
+class _RichDisplay(_Display):
+    """Live progress bars, then the summary table. Imports rich here, so the rest of
+    ackgate never needs it; ImportError means the ``cli`` extra is missing."""
+
+    def __init__(self, handlers: Sequence[str]) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        self._console = Console()
+        self._progress = Progress(TextColumn("{task.description:>22}"), BarColumn(),
+                                  MofNCompleteColumn(), console=self._console)
+        self._bars: dict[str, Any] = {}
+        self._handlers = handlers
+
+    def note(self, message: str) -> None:
+        self._progress.console.print(f"[yellow]{message}[/]")
+
+    def update(self, demo: _Demo) -> None:
+        if not self._bars:
+            self._progress.start()
+            rows = {"broadcast": "broadcast", "advanced": "advanced (committed)"}
+            rows.update({name: f"{name} handled" for name in self._handlers})
+            self._bars = {key: self._progress.add_task(label, total=demo.events)
+                          for key, label in rows.items()}
+        stats = demo.stats()
+        self._progress.update(self._bars["broadcast"], completed=stats.delivered)
+        self._progress.update(self._bars["advanced"], completed=demo.committed_total())
+        for name in self._handlers:
+            self._progress.update(self._bars[name], completed=demo.handled[name])
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        from rich.table import Table
+
+        self._progress.stop()
+        table = Table(title="ackgate demo", show_header=False)
+        table.add_column(justify="right", style="bold")
+        table.add_column()
+        offsets = "  ".join(f"p{p}={o}/{summary['end_offsets'][p]}"
+                            for p, o in summary["committed_offsets"].items())
+        rows = [
+            ("events", f"{summary['events']} ({summary['malformed']} malformed)"),
+            ("delivered", f"{summary['delivered']} ({summary['redelivered']} redelivered)"),
+            ("acked / failed / rejected",
+             f"{summary['acked']} / {summary['failed']} / {summary['rejected']}"),
+            ("committed events", str(summary["committed_events"])),
+            ("DLQ size", str(summary["dlq_size"])),
+            ("holds (seek-backs)", str(summary["holds"])),
+            ("indexer rows", f"{summary['indexer_rows']}"
+                             f" ({summary['duplicates_absorbed']} duplicates absorbed)"),
+            ("notifier crashes", str(summary["notifier_crashes"])),
+            ("elapsed", f"{summary['elapsed_seconds']:.2f} s"),
+            ("throughput", f"{summary['throughput_events_per_second']} events/s"),
+            ("committed offsets", offsets),
+        ]
+        for label, value in rows:
+            table.add_row(label, value)
+        self._console.print(table)
+        if summary["balanced"]:
+            self._console.print("[green]The books balance: every event is committed or"
+                                " dead-lettered, and indexed exactly once.[/]")
+        else:
+            for problem in summary["discrepancies"]:
+                self._console.print(f"[red]Discrepancy: {problem}[/]")

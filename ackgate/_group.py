@@ -1,0 +1,437 @@
+"""A group: one upstream poll shared by every subscriber of one key.
+
+Topology: the poll task reads the producer (or source) and appends each event to
+the fan-out log (:mod:`ackgate._log`); subscriptions read the log through their
+cursors (:mod:`ackgate._subscription`); resolutions are counted on the event and
+the lane tracker advances resolved prefixes (:mod:`ackgate._tracker`).
+
+Lifecycle: *running* until the first of: the upstream ends or misbehaves, an
+advance raises, the last subscriber leaves, the manager closes. Then
+:meth:`Group.terminate` runs once: the key is released at once, subscribers
+still iterating get ``terminal_error()``, and a stop task cancels polling,
+advances what is already resolved, and closes the producer exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from ackgate._bindings import BindingRegistry
+from ackgate._errors import (
+    AckTimeout,
+    AdvanceFailed,
+    StreamTerminated,
+    SubscriberOverflow,
+)
+from ackgate._log import Event, EventLog
+from ackgate._producer import SharedStreamProducer
+from ackgate._tracker import LaneTracker
+
+if TYPE_CHECKING:
+    from ackgate._subscription import Subscription
+
+logger = logging.getLogger("ackgate.group")
+
+Resolution = Literal["acked", "failed", "rejected"]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfig:
+    ack_timeout: float
+    subscriber_queue_size: int
+    cohort_grace_period: float
+    max_concurrent_advances: int
+    overflow: Literal["fail", "block"]
+    clock: Callable[[], float]
+
+
+class Group:
+    def __init__(
+        self,
+        key: Hashable,
+        factory: Callable[[], Any],
+        *,
+        ack_mode: bool,
+        config: GroupConfig,
+        bindings: BindingRegistry,
+        release: Callable[[Group], None],
+    ) -> None:
+        self.key = key
+        self.ack_mode = ack_mode
+        self.bindings = bindings
+        self.log = EventLog()
+        self.tracker = LaneTracker(config.max_concurrent_advances, self._advance_failed)
+        #: Live subscriptions by id, force-failed ones included, until they leave.
+        self.members: dict[Hashable, Subscription] = {}
+        #: Members not force-failed: the next event's snapshot.
+        self.active: set[Subscription] = set()
+        #: Subscriptions that left while outputs they bound were still unconfirmed.
+        self.departed: set[Subscription] = set()
+        #: Futures of subscriptions waiting for the next event.
+        self.waiters: list[asyncio.Future[None]] = []
+        self.blocked = False  # the poll waits for room (overflow="block")
+        self.room = asyncio.Event()
+        self.terminal: tuple[type[StreamTerminated], str, BaseException | None] | None = None
+        self._config = config
+        self._factory = factory
+        self._release = release
+        self._clock = config.clock
+        self._ack_timeout = config.ack_timeout
+        self._queue_size = config.subscriber_queue_size
+        #: A lower bound of the smallest cursor among active subscribers.
+        self._min_cursor_hint = 0
+        #: Ack mode: broadcast events in order, possibly resolved (pruned lazily).
+        self._unresolved: deque[Event] = deque()
+        self._timer_wakeup: asyncio.Future[None] | None = None
+        self._producer: SharedStreamProducer | None = None
+        self._poll_exited = False
+        self.stop_task: asyncio.Task[None] | None = None
+        loop = asyncio.get_running_loop()
+        self._poll_task = loop.create_task(self._poll())
+        self._timer_task = loop.create_task(self._watch_timeouts()) if ack_mode else None
+        logger.info("Shared stream group started key=%r", key)
+
+    # -- membership ----------------------------------------------------------------
+
+    def join(self, subscription: Subscription) -> None:
+        self.members[subscription.subscriber_id] = subscription
+        self.active.add(subscription)
+
+    def leave(self, sub: Subscription, *, crashed: bool) -> asyncio.Task[None] | None:
+        """Remove ``sub``; return the stop task to await if it was the last member."""
+        if sub._left:
+            return self.stop_task if not self.members else None
+        sub._left = True
+        del self.members[sub.subscriber_id]
+        self.active.discard(sub)
+        if sub._failure is None and self.ack_mode:
+            current = sub._current
+            if current is not None and not sub._current_resolved:
+                if crashed:
+                    sub._current_resolved = True
+                    binding = sub._bindings.pop(current, None)
+                    if binding is not None:
+                        self.bindings.forget(binding)
+                    self.resolve(current, "failed")
+                else:
+                    sub._close_window(current)
+            sub._current = None
+            sub._current_binding = None
+        if sub._failure is None:
+            self._skip_queued(sub)  # a force-failed subscriber skipped them already
+        if sub._bindings:
+            self.departed.add(sub)
+        self._wake(sub)
+        if self.blocked:
+            self.room.set()
+        if not self.members:
+            self.terminate(StreamTerminated, "last subscriber left")
+            return self.stop_task
+        return None
+
+    def _skip_queued(self, sub: Subscription) -> None:
+        """``sub`` will never be handed its queued events: they resolve as failed."""
+        log = self.log
+        for position in range(sub._cursor, log.head):
+            event = log.at(position)
+            event.undelivered -= 1
+            if self.ack_mode:
+                self.resolve(event, "failed")
+        sub._cursor = log.head
+        log.trim()
+
+    def _wake(self, sub: Subscription) -> None:
+        waiter = sub._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- resolution ----------------------------------------------------------------
+
+    def resolve(self, event: Event, how: Resolution) -> None:
+        """One subscriber in ``event``'s snapshot resolved it."""
+        assert event.pending > 0, "resolved more often than its snapshot allows"
+        if how == "acked":
+            event.acked += 1
+        elif how == "failed":
+            event.failed += 1
+        else:
+            event.rejected += 1
+        event.pending -= 1
+        if event.pending == 0:
+            self.tracker.resolved(event)
+
+    def force_fail(self, sub: Subscription, error: Exception, event: Event) -> None:
+        """Count ``sub`` failed on everything it owes; its next pull raises ``error``."""
+        logger.warning(
+            "Subscriber force-failed (%s) key=%r subscriber_id=%r lane=%r position=%d",
+            type(error).__name__,
+            self.key,
+            sub.subscriber_id,
+            event.lane_key,
+            event.position,
+        )
+        sub._failure = error
+        self.active.discard(sub)
+        if self.ack_mode:
+            current = sub._current
+            if current is not None and not sub._current_resolved:
+                sub._current_resolved = True
+                if current not in sub._bindings:
+                    self.resolve(current, "failed")
+            sub._current_binding = None
+            for owed, binding in sub._bindings.items():
+                self.bindings.forget(binding)
+                self.resolve(owed, "failed")
+            sub._bindings.clear()
+            self.departed.discard(sub)
+        if not sub._left:
+            self._skip_queued(sub)
+        self._wake(sub)
+        if self.blocked:
+            self.room.set()
+
+    # -- ack timeout ---------------------------------------------------------------
+
+    def check_timeouts(self) -> None:
+        """Cheap: looks at the oldest unresolved event only."""
+        unresolved = self._unresolved
+        if unresolved and self._clock() - unresolved[0].broadcast_at >= self._ack_timeout:
+            self._expire()
+
+    def _expire(self) -> None:
+        now = self._clock()
+        unresolved = self._unresolved
+        while unresolved:
+            event = unresolved[0]
+            if event.pending == 0:
+                unresolved.popleft()
+                continue
+            if now - event.broadcast_at < self._ack_timeout:
+                return
+            error_text = (
+                f"subscriber did not resolve the event at position {event.position} "
+                f"(lane {event.lane_key!r}) within ack_timeout={self._ack_timeout}s"
+            )
+            for sub in [*self.members.values(), *self.departed]:
+                if self._owes(sub, event):
+                    self.force_fail(sub, AckTimeout(error_text), event)
+            assert event.pending == 0, "every subscriber owing an expired event was failed"
+
+    @staticmethod
+    def _owes(sub: Subscription, event: Event) -> bool:
+        if sub._failure is not None:
+            return False
+        if event in sub._bindings:
+            return True
+        if sub._current is event:
+            return not sub._current_resolved
+        return not sub._left and sub._joined_at <= event.position and sub._cursor <= event.position
+
+    async def _watch_timeouts(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            unresolved = self._unresolved
+            while unresolved and unresolved[0].pending == 0:
+                unresolved.popleft()
+            if not unresolved:
+                self._timer_wakeup = loop.create_future()
+                await self._timer_wakeup
+                continue
+            delay = unresolved[0].broadcast_at + self._ack_timeout - self._clock()
+            if delay > 0:
+                # Re-checked at least hourly, so an infinite ack_timeout is fine too.
+                await asyncio.sleep(min(delay, 3600.0))
+            self._expire()
+
+    # -- polling and fan-out -------------------------------------------------------
+
+    async def _poll(self) -> None:
+        try:
+            if self._config.cohort_grace_period > 0:
+                await asyncio.sleep(self._config.cohort_grace_period)
+            stream, get_lane = self._open()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._poll_exited = True
+            self.terminate(StreamTerminated, f"the factory failed: {exc!r}", exc)
+            return
+        # Yield to the loop now and then even if the upstream never suspends, so
+        # subscribers get to read before their queues fill up.
+        fairness = max(1, self._queue_size // 4)
+        blocking = self._config.overflow == "block"
+        since_yield = 0
+        try:
+            async for item in stream:
+                if self.terminal is not None:
+                    break
+                if not (isinstance(item, tuple) and len(item) == 2):
+                    raise TypeError(
+                        "open_stream must yield (raw_event, broker_payload) pairs, "
+                        f"got {type(item).__name__}"
+                    )
+                raw, payload = item
+                lane_key = get_lane(payload) if get_lane is not None else None
+                if blocking and self._queue_size <= self.log.head - self._min_cursor_hint:
+                    await self._make_room()
+                    if self.terminal is not None:
+                        break
+                self._broadcast(raw, payload, lane_key)
+                since_yield += 1
+                if since_yield >= fairness:
+                    since_yield = 0
+                    await asyncio.sleep(0)
+            else:
+                self._poll_exited = True
+                self.terminate(StreamTerminated, "the upstream ended")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._poll_exited = True
+            self.terminate(StreamTerminated, f"the upstream failed: {exc!r}", exc)
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    def _open(self) -> tuple[Any, Callable[[Any], Hashable] | None]:
+        made = self._factory()
+        if not self.ack_mode:
+            if not hasattr(made, "__anext__"):
+                raise TypeError(
+                    f"source() must return an async iterator, got {type(made).__name__}"
+                )
+            return made, None
+        if not isinstance(made, SharedStreamProducer):
+            raise TypeError(
+                f"producer() must return a SharedStreamProducer, got {type(made).__name__}"
+            )
+        self._producer = made
+        self.tracker.start(made)
+        return made.open_stream(), made.get_advance_lane
+
+    def _broadcast(self, raw: Any, payload: Any, lane_key: Hashable) -> None:
+        log = self.log
+        snapshot = len(self.active)
+        if self.ack_mode:
+            lane = self.tracker.lane_for(lane_key)  # TypeError if unhashable
+            now = self._clock()
+            event = Event(log.head, raw, payload, lane_key, lane, snapshot, now)
+            self.tracker.add(event)
+            if snapshot:
+                unresolved = self._unresolved
+                if unresolved:
+                    if now - unresolved[0].broadcast_at >= self._ack_timeout:
+                        self._expire()
+                elif self._timer_wakeup is not None and not self._timer_wakeup.done():
+                    self._timer_wakeup.set_result(None)
+                unresolved.append(event)
+        else:
+            event = Event(log.head, raw, None, None, None, snapshot, 0.0)
+        log.append(event)
+        if snapshot and log.head - self._min_cursor_hint > self._queue_size:
+            self._fail_overflowing(event)
+        waiters = self.waiters
+        if waiters:
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            waiters.clear()
+
+    def _refresh_min_cursor(self) -> int:
+        self._min_cursor_hint = min(
+            (sub._cursor for sub in self.active), default=self.log.head
+        )
+        return self._min_cursor_hint
+
+    def _fail_overflowing(self, event: Event) -> None:
+        head = self.log.head
+        if head - self._refresh_min_cursor() <= self._queue_size:
+            return
+        for sub in [s for s in self.active if head - s._cursor > self._queue_size]:
+            self.force_fail(
+                sub,
+                SubscriberOverflow(
+                    f"more than subscriber_queue_size={self._queue_size} unread events "
+                    f"at position {event.position}"
+                ),
+                event,
+            )
+        self._refresh_min_cursor()
+
+    async def _make_room(self) -> None:
+        """overflow="block": wait until every active subscriber has room for one more."""
+        while self.terminal is None and self.active:
+            if self.log.head - self._refresh_min_cursor() < self._queue_size:
+                return
+            self.blocked = True
+            self.room.clear()
+            try:
+                await self.room.wait()
+            finally:
+                self.blocked = False
+
+    # -- ending --------------------------------------------------------------------
+
+    def _advance_failed(self, exc: BaseException) -> None:
+        logger.error("advance raised; the group ends key=%r", self.key, exc_info=exc)
+        self.terminate(AdvanceFailed, f"the producer's advance failed: {exc!r}", exc)
+
+    def terminal_error(self) -> StreamTerminated:
+        assert self.terminal is not None
+        kind, message, cause = self.terminal
+        error = kind(message)
+        error.__cause__ = cause
+        return error
+
+    def terminate(
+        self,
+        kind: type[StreamTerminated],
+        reason: str,
+        cause: BaseException | None = None,
+    ) -> None:
+        """End the group (first reason wins) and start the stop task."""
+        if self.terminal is not None:
+            if kind is AdvanceFailed:
+                self.tracker.halt()
+            return
+        self.terminal = (kind, reason, cause)
+        if kind is AdvanceFailed:
+            self.tracker.halt()
+        for sub in list(self.active):
+            self._skip_queued(sub)
+        for waiter in self.waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self.waiters.clear()
+        self.room.set()
+        self.stop_task = asyncio.get_running_loop().create_task(self._stop(reason))
+        self._release(self)
+
+    async def _stop(self, reason: str) -> None:
+        """Polling ends, resolved prefixes are advanced, the producer is closed once.
+
+        Cancellation (only if the loop itself is torn down) skips the remaining
+        advances; the producer is still closed.
+        """
+        try:
+            if not self._poll_exited:
+                self._poll_task.cancel()
+            await asyncio.gather(self._poll_task, return_exceptions=True)
+            if self._timer_task is not None:
+                self._timer_task.cancel()
+                await asyncio.gather(self._timer_task, return_exceptions=True)
+            await self.tracker.drain()
+        finally:
+            self.tracker.halt()
+            if self._producer is not None:
+                try:
+                    await self._producer.aclose()
+                except Exception:
+                    logger.warning("producer aclose() failed key=%r", self.key, exc_info=True)
+            logger.info("Shared stream group stopped key=%r reason=%s", self.key, reason)

@@ -1,0 +1,101 @@
+"""The fan-out log: one shared append-only log per group, one cursor per subscriber.
+
+Fan-out is O(1) per event whatever the number of subscribers: the poll appends an
+event once, and each subscriber reads it by moving its own cursor (as in the LMAX
+Disruptor). A subscriber's unread count is ``log.head - cursor``. An entry leaves
+the log once every subscriber in its snapshot has either been handed it or stopped
+owing it, which keeps memory proportional to the slowest reader's lag.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ackgate._tracker import Lane
+
+
+class Event:
+    """One raw event of a group, shared by every subscriber in its snapshot.
+
+    Invariants (checked by ``tests/core/test_stateful.py``):
+    ``acked + failed + rejected + pending == snapshot`` at all times, and
+    ``undelivered <= pending``: nobody is handed an event it no longer owes.
+    """
+
+    __slots__ = (
+        "acked",
+        "broadcast_at",
+        "failed",
+        "lane",
+        "lane_key",
+        "payload",
+        "pending",
+        "position",
+        "raw",
+        "rejected",
+        "snapshot",
+        "undelivered",
+    )
+
+    def __init__(
+        self,
+        position: int,
+        raw: Any,
+        payload: Any,
+        lane_key: Hashable,
+        lane: Lane | None,
+        snapshot: int,
+        broadcast_at: float,
+    ) -> None:
+        self.position = position
+        self.raw = raw
+        self.payload = payload
+        self.lane_key = lane_key
+        self.lane = lane
+        self.snapshot = snapshot
+        #: Subscribers in the snapshot that have not resolved the event yet.
+        self.pending = snapshot
+        #: Subscribers in the snapshot that have not been handed the event yet.
+        self.undelivered = snapshot
+        self.broadcast_at = broadcast_at
+        self.acked = 0
+        self.failed = 0
+        self.rejected = 0
+
+
+class EventLog:
+    """Events not yet handed to every subscriber that owes them, in broadcast order.
+
+    ``head`` is the position the next appended event gets. Positions are the
+    events' positions in the stream (0, 1, 2, ...), so a cursor is a position.
+    """
+
+    __slots__ = ("_base", "_entries", "head")
+
+    def __init__(self) -> None:
+        self._entries: deque[Event] = deque()
+        self._base = 0  # position of _entries[0]
+        self.head = 0
+
+    def append(self, event: Event) -> None:
+        assert event.position == self.head
+        self._entries.append(event)
+        self.head += 1
+        if event.undelivered == 0:
+            self.trim()
+
+    def at(self, position: int) -> Event:
+        return self._entries[position - self._base]
+
+    def trim(self) -> None:
+        """Drop leading entries that nobody will be handed any more."""
+        entries = self._entries
+        while entries and entries[0].undelivered == 0:
+            entries.popleft()
+            self._base += 1
+
+    def __len__(self) -> int:
+        return len(self._entries)

@@ -1,0 +1,248 @@
+"""The manager: the registry of groups and the public entry point."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable
+from types import TracebackType
+from typing import Any, Literal
+
+from ackgate._bindings import BindingRegistry
+from ackgate._errors import StreamTerminated
+from ackgate._group import Group, GroupConfig
+from ackgate._producer import SharedStreamProducer
+from ackgate._runner import Handler, Sink, drive
+from ackgate._stats import GroupStats
+from ackgate._subscription import Subscription
+
+
+def _check_number(name: str, value: object, *, minimum: float, inclusive: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if value < minimum or (value == minimum and not inclusive):
+        bound = ">=" if inclusive else ">"
+        raise ValueError(f"{name} must be {bound} {minimum:g}, got {value!r}")
+    return float(value)
+
+
+def _check_int(name: str, value: object, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return value
+
+
+class SharedStreamManager:
+    """Groups subscribers by key: one upstream poll per key, fanned out to all of them.
+
+    Use it as an async context manager (or call :meth:`aclose`); leaving stops every
+    group: polling is cancelled, resolved events are advanced, producers closed.
+    All arguments are keyword-only and validated at once (``ValueError`` naming
+    the argument). ``clock`` is the monotonic time source used for ack timeouts and
+    ages; tests inject a fake one.
+    """
+
+    def __init__(
+        self,
+        *,
+        ack_timeout: float = 300.0,
+        subscriber_queue_size: int = 1024,
+        cohort_grace_period: float = 0.0,
+        max_concurrent_advances: int = 1,
+        overflow: Literal["fail", "block"] = "fail",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if overflow not in ("fail", "block"):
+            raise ValueError(f'overflow must be "fail" or "block", got {overflow!r}')
+        if not callable(clock):
+            raise ValueError(f"clock must be a zero-argument callable, got {clock!r}")
+        self._config = GroupConfig(
+            ack_timeout=_check_number("ack_timeout", ack_timeout, minimum=0, inclusive=False),
+            subscriber_queue_size=_check_int(
+                "subscriber_queue_size", subscriber_queue_size, minimum=1
+            ),
+            cohort_grace_period=_check_number(
+                "cohort_grace_period", cohort_grace_period, minimum=0, inclusive=True
+            ),
+            max_concurrent_advances=_check_int(
+                "max_concurrent_advances", max_concurrent_advances, minimum=1
+            ),
+            overflow=overflow,
+            clock=clock,
+        )
+        self._groups: dict[Hashable, Group] = {}
+        self._stopping: set[Group] = set()
+        self._bindings = BindingRegistry()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        self._closed = False
+
+    # -- subscribing ---------------------------------------------------------------
+
+    def subscribe(
+        self,
+        key: Hashable,
+        subscriber_id: Hashable,
+        *,
+        producer: Callable[[], SharedStreamProducer] | None = None,
+        source: Callable[[], AsyncIterator[Any]] | None = None,
+    ) -> Subscription:
+        """Join the group of ``key`` (creating it) and return the subscription.
+
+        Exactly one of ``producer`` (ack mode) or ``source`` (fast path) must be
+        given. The subscriber is in the snapshot of every event broadcast from now
+        on. Synchronous; needs the manager's event loop to be running.
+        """
+        if self._closed:
+            raise RuntimeError("the SharedStreamManager is closed")
+        if (producer is None) == (source is None):
+            raise ValueError("give exactly one of producer= (ack mode) or source= (fast path)")
+        factory: Callable[[], Any] = producer if producer is not None else source  # type: ignore[assignment]
+        if not callable(factory):
+            raise ValueError(f"the factory must be a zero-argument callable, got {factory!r}")
+        if key is None:
+            raise ValueError("key must not be None")
+        _check_hashable("key", key)
+        _check_hashable("subscriber_id", subscriber_id)
+        self._bind_loop()
+        ack_mode = producer is not None
+        group = self._groups.get(key)
+        if group is None:
+            group = Group(
+                key,
+                factory,
+                ack_mode=ack_mode,
+                config=self._config,
+                bindings=self._bindings,
+                release=self._release,
+            )
+            self._groups[key] = group
+        elif group.ack_mode != ack_mode:
+            running = "producer" if group.ack_mode else "source"
+            raise ValueError(f"key {key!r} already runs a group with {running}=")
+        if subscriber_id in group.members:
+            raise ValueError(f"subscriber {subscriber_id!r} is already subscribed to {key!r}")
+        subscription = Subscription(group, subscriber_id, group.log.head)
+        group.join(subscription)
+        return subscription
+
+    def _bind_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+            self._loop_thread = threading.get_ident()
+        elif self._loop is not loop:
+            raise RuntimeError("a SharedStreamManager is bound to the event loop it first ran on")
+
+    def _release(self, group: Group) -> None:
+        """Caller: a group that ended. Frees its key at once."""
+        if self._groups.get(group.key) is group:
+            del self._groups[group.key]
+        assert group.stop_task is not None
+        self._stopping.add(group)
+        group.stop_task.add_done_callback(lambda _: self._stopping.discard(group))
+
+    # -- confirming ----------------------------------------------------------------
+
+    def confirm_persisted(self, seqs: Iterable[int]) -> None:
+        """Mark the outputs with these sequence numbers as durably stored.
+
+        Accepts any iterable; numbers that are unknown, stale or not ints are
+        ignored. Safe to call from any task, and from other threads (the call is
+        handed to the manager's loop).
+        """
+        if isinstance(seqs, str | bytes) or not isinstance(seqs, Iterable):
+            raise TypeError(f"confirm_persisted takes an iterable of ints, got {seqs!r}")
+        if self._loop is None:
+            return
+        if threading.get_ident() != self._loop_thread:
+            self._loop.call_soon_threadsafe(self._bindings.confirm, list(seqs))
+            return
+        self._bindings.confirm(seqs)
+
+    # -- the runner ----------------------------------------------------------------
+
+    async def run_subscriber(
+        self,
+        key: Hashable,
+        subscriber_id: Hashable,
+        handle: Handler,
+        *,
+        producer: Callable[[], SharedStreamProducer] | None = None,
+        source: Callable[[], AsyncIterator[Any]] | None = None,
+        sink: Sink | None = None,
+    ) -> None:
+        """Subscribe, run ``handle(subscription)``, and persist what it yields.
+
+        For each output: bind it, ``await sink(output)`` if given, confirm it.
+        Returns when ``handle`` returns; re-raises the subscription's failure or
+        ``handle``'s exception. Leaves on every exit; cancellation fails the open
+        event and propagates.
+        """
+        subscription = self.subscribe(key, subscriber_id, producer=producer, source=source)
+        await drive(subscription, handle, sink, self.confirm_persisted)
+
+    # -- observing -----------------------------------------------------------------
+
+    def stats(self) -> list[GroupStats]:
+        """One :class:`GroupStats` per live group. O(subscribers + lanes) per group."""
+        now = self._config.clock()
+        result = []
+        for group in self._groups.values():
+            tracker = group.tracker
+            oldest = tracker.oldest_broadcast_at()
+            failed = sum(1 for sub in group.members.values() if sub._failure is not None)
+            result.append(
+                GroupStats(
+                    key=group.key,
+                    mode="ack" if group.ack_mode else "fast",
+                    subscribers=len(group.members) - failed,
+                    outstanding=tracker.outstanding,
+                    lanes=sum(
+                        1 for lane in tracker.lanes.values() if lane.events or lane.in_flight
+                    ),
+                    oldest_outstanding_age=0.0 if oldest is None else max(0.0, now - oldest),
+                    advanced_events=tracker.advanced_events,
+                    advance_calls=tracker.advance_calls,
+                    failed_subscribers=failed,
+                )
+            )
+        return result
+
+    # -- closing -------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Stop every group: polling cancelled, resolved events advanced, producers
+        closed. Subscriptions still iterating get ``StreamTerminated``. Idempotent.
+
+        Cancellation while waiting does not interrupt the groups' shutdown.
+        """
+        self._closed = True
+        for group in list(self._groups.values()):
+            group.terminate(StreamTerminated, "the manager was closed")
+        stops = [g.stop_task for g in self._stopping if g.stop_task is not None]
+        if stops:
+            await asyncio.shield(asyncio.gather(*stops, return_exceptions=True))
+
+    async def __aenter__(self) -> SharedStreamManager:
+        self._bind_loop()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+def _check_hashable(name: str, value: object) -> None:
+    try:
+        hash(value)
+    except TypeError:
+        raise ValueError(f"{name} must be hashable, got {type(value).__name__}") from None

@@ -1,0 +1,196 @@
+"""The lane tracker: ordered per-lane advancing of resolved events.
+
+Each lane keeps its outstanding events in fan-out order. A lane becomes *ready*
+when its first event is fully resolved; only then is it put on the ready queue,
+so no wake-up ever scans the lanes. Advance workers (at most
+``max_concurrent_advances`` of them) take ready lanes one at a time, cut the
+lane's contiguous resolved prefix into a batch and hand it to the producer.
+
+Invariants:
+
+* a lane is on the ready queue at most once (``Lane.queued``), and never while
+  its batch is in flight (``Lane.in_flight``): one advance per lane at a time;
+* batches leave a lane from its front only, so within a lane events are advanced
+  in fan-out order and each batch is a contiguous prefix;
+* after ``halt()`` (an advance raised, or the group is torn down) no new batch is
+  started on any lane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Hashable
+
+from ackgate._log import Event
+from ackgate._outcome import AdvanceItem, AdvanceOutcome
+from ackgate._producer import SharedStreamProducer
+
+logger = logging.getLogger("ackgate.tracker")
+
+
+class Lane:
+    __slots__ = ("events", "in_flight", "key", "queued")
+
+    def __init__(self, key: Hashable) -> None:
+        self.key = key
+        self.events: deque[Event] = deque()
+        self.in_flight: list[Event] | None = None
+        self.queued = False
+
+
+class LaneTracker:
+    """Owns the lanes of one ack-mode group and the tasks that advance them."""
+
+    def __init__(
+        self,
+        max_concurrent_advances: int,
+        on_advance_error: Callable[[BaseException], None],
+    ) -> None:
+        self.lanes: dict[Hashable, Lane] = {}
+        self.outstanding = 0  # events broadcast and not yet advanced
+        self.advanced_events = 0
+        self.advance_calls = 0
+        self.in_flight_calls = 0
+        self.producer: SharedStreamProducer | None = None
+        self._cap = max_concurrent_advances
+        self._on_advance_error = on_advance_error
+        self._ready: deque[Lane] = deque()
+        self._workers: set[asyncio.Task[None]] = set()
+        self._idle_workers = 0
+        self._work = asyncio.Event()
+        self._quiet = asyncio.Event()  # no ready lane and no call in flight
+        self._quiet.set()
+        self.halted = False
+
+    def lane_for(self, lane_key: Hashable) -> Lane:
+        """Return the lane of ``lane_key``, creating it. Raises TypeError if unhashable."""
+        lane = self.lanes.get(lane_key)
+        if lane is None:
+            lane = self.lanes[lane_key] = Lane(lane_key)
+        return lane
+
+    def add(self, event: Event) -> None:
+        """Record a freshly broadcast event at the back of its lane."""
+        lane = event.lane
+        assert lane is not None
+        lane.events.append(event)
+        self.outstanding += 1
+        if event.pending == 0:
+            self._maybe_ready(lane)
+
+    def resolved(self, event: Event) -> None:
+        """Called once when ``event.pending`` drops to zero."""
+        lane = event.lane
+        assert lane is not None
+        if lane.events and lane.events[0] is event:
+            self._maybe_ready(lane)
+
+    def _maybe_ready(self, lane: Lane) -> None:
+        if lane.queued or lane.in_flight is not None or self.halted or self.producer is None:
+            return
+        lane.queued = True
+        self._ready.append(lane)
+        self._quiet.clear()
+        self._work.set()
+        if len(self._ready) > self._idle_workers and len(self._workers) < self._cap:
+            task = asyncio.get_running_loop().create_task(self._worker())
+            self._workers.add(task)
+            task.add_done_callback(self._workers.discard)
+
+    async def _worker(self) -> None:
+        producer = self.producer
+        assert producer is not None
+        ready = self._ready
+        while True:
+            while not ready:
+                self._idle_workers += 1
+                self._work.clear()
+                try:
+                    await self._work.wait()
+                finally:
+                    self._idle_workers -= 1
+            lane = ready.popleft()
+            lane.queued = False
+            if self.halted:
+                self._check_quiet()
+                continue
+            batch: list[Event] = []
+            events = lane.events
+            while events and events[0].pending == 0:
+                batch.append(events.popleft())
+            assert batch, "a ready lane has a resolved first event"
+            lane.in_flight = batch
+            self.in_flight_calls += 1
+            items = [
+                AdvanceItem(e.payload, AdvanceOutcome(e.acked, e.failed, e.rejected))
+                for e in batch
+            ]
+            try:
+                await producer.advance(items)
+            except Exception as exc:
+                self.in_flight_calls -= 1
+                self.halt()
+                self._on_advance_error(exc)
+                self._check_quiet()
+                return
+            except BaseException:
+                self.in_flight_calls -= 1
+                self._check_quiet()
+                raise
+            self.in_flight_calls -= 1
+            self.advance_calls += 1
+            self.advanced_events += len(batch)
+            self.outstanding -= len(batch)
+            lane.in_flight = None
+            if events:
+                if events[0].pending == 0:
+                    self._maybe_ready(lane)
+            elif self.lanes.get(lane.key) is lane:
+                del self.lanes[lane.key]
+            self._check_quiet()
+
+    def _check_quiet(self) -> None:
+        if self.in_flight_calls == 0 and (self.halted or not self._ready):
+            self._quiet.set()
+
+    def start(self, producer: SharedStreamProducer) -> None:
+        """Begin advancing (the producer exists from now on)."""
+        self.producer = producer
+        for lane in self.lanes.values():
+            if lane.events and lane.events[0].pending == 0:
+                self._maybe_ready(lane)
+
+    def halt(self) -> None:
+        """Start no further batch on any lane. Calls in flight run to completion."""
+        self.halted = True
+        self._ready.clear()
+        self._check_quiet()
+
+    async def drain(self) -> None:
+        """Wait until every resolved prefix is advanced (or the tracker halted) and
+        no call is in flight, then stop the workers.
+
+        Cancellation: the workers are cancelled with the caller.
+        """
+        try:
+            await self._quiet.wait()
+        finally:
+            for task in list(self._workers):
+                task.cancel()
+            if self._workers:
+                await asyncio.gather(*self._workers, return_exceptions=True)
+
+    def oldest_broadcast_at(self) -> float | None:
+        oldest: float | None = None
+        for lane in self.lanes.values():
+            if lane.in_flight:
+                first = lane.in_flight[0]
+            elif lane.events:
+                first = lane.events[0]
+            else:
+                continue
+            if oldest is None or first.broadcast_at < oldest:
+                oldest = first.broadcast_at
+        return oldest
