@@ -16,7 +16,6 @@ import base64
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
-from kafka_testlib import KafkaTestCluster
+from kafka_testlib import KafkaTestCluster, free_port
 
 HERE = Path(__file__).resolve().parent
 POM = HERE / "pom.xml"
@@ -75,13 +74,6 @@ def _libs_dir() -> Path:
     return libs
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _log_tail(log: Path, lines: int = 60) -> str:
     try:
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
@@ -103,7 +95,7 @@ async def _metadata_ok(bootstrap: str) -> bool:
 
 class _Broker:
     def __init__(self, workdir: Path, libs: Path) -> None:
-        self.port, controller = _free_port(), _free_port()
+        self.port, controller = free_port(), free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.log = workdir / "broker.log"
         config = workdir / "server.properties"
