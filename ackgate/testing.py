@@ -1,0 +1,131 @@
+"""Test doubles for code built on ackgate: a producer a test scripts, and a clock.
+
+>>> producer = ScriptedProducer(lane=lambda payload: payload % 2)
+>>> producer.feed("event-0", 0)  # broadcast once a group polls it
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
+from typing import Any
+
+from ackgate._outcome import AdvanceItem
+from ackgate._producer import SharedStreamProducer
+
+_END = object()
+
+
+class ScriptedProducer(SharedStreamProducer):
+    """A producer whose stream a test feeds by hand and whose advances it records.
+
+    ``feed(raw, payload)`` queues one event; ``end()`` makes the stream return;
+    ``fail(exc)`` makes it raise. Every ``advance`` batch is appended to
+    ``batches``; set ``advance_error`` to make the next advance raise it, or
+    ``advance_gate`` to an ``asyncio.Event`` that advances wait for.
+    """
+
+    def __init__(self, lane: Callable[[Any], Hashable] | None = None) -> None:
+        self._lane = lane
+        self._items: asyncio.Queue[Any] | None = None
+        self._pending: list[Any] = []
+        self.batches: list[list[AdvanceItem]] = []
+        self.advance_error: BaseException | None = None
+        self.advance_gate: asyncio.Event | None = None
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.opened = 0
+        self.stream_closed = 0
+        self.closed = 0
+        self.advanced = asyncio.Condition()
+
+    def _queue(self) -> asyncio.Queue[Any]:
+        if self._items is None:
+            self._items = asyncio.Queue()
+            for item in self._pending:
+                self._items.put_nowait(item)
+            self._pending.clear()
+        return self._items
+
+    def feed(self, raw: Any, payload: Any = None) -> None:
+        self._put((raw, payload))
+
+    def feed_item(self, item: Any) -> None:
+        """Queue anything, even something that is not a pair."""
+        self._put(("item", item))
+
+    def end(self) -> None:
+        self._put(_END)
+
+    def fail(self, error: BaseException) -> None:
+        self._put(error)
+
+    def _put(self, item: Any) -> None:
+        try:
+            self._queue().put_nowait(item)
+        except RuntimeError:  # no running loop yet
+            self._pending.append(item)
+
+    async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
+        self.opened += 1
+        queue = self._queue()
+        try:
+            while True:
+                item = await queue.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, tuple) and len(item) == 2 and item[0] == "item":
+                    yield item[1]
+                    continue
+                yield item
+        finally:
+            self.stream_closed += 1
+
+    def get_advance_lane(self, broker_payload: Any) -> Hashable:
+        return None if self._lane is None else self._lane(broker_payload)
+
+    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if self.advance_gate is not None:
+                await self.advance_gate.wait()
+            if self.advance_error is not None:
+                error, self.advance_error = self.advance_error, None
+                raise error
+            self.batches.append(list(batch))
+        finally:
+            self.in_flight -= 1
+        async with self.advanced:
+            self.advanced.notify_all()
+
+    async def wait_advanced(self, count: int) -> None:
+        """Wait until at least ``count`` events were advanced in total."""
+        async with self.advanced:
+            await self.advanced.wait_for(lambda: self.advanced_count >= count)
+
+    @property
+    def advanced_count(self) -> int:
+        return sum(len(batch) for batch in self.batches)
+
+    @property
+    def advanced_payloads(self) -> list[Any]:
+        return [item.broker_payload for batch in self.batches for item in batch]
+
+    async def aclose(self) -> None:
+        self.closed += 1
+
+
+class FakeClock:
+    """A monotonic clock a test moves by hand: ``SharedStreamManager(clock=clock)``."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
