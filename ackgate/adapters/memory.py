@@ -100,7 +100,7 @@ class MemoryProducerStats:
     """What one :class:`MemoryStreamProducer` has done so far.
 
     ``delivered`` counts every yielded record, ``redelivered`` those among them
-    the producer had yielded before (after a seek-back). ``committed``,
+    the group had been given before (after a seek-back, or by an earlier producer). ``committed``,
     ``dead_lettered``, ``held`` and ``discarded`` split the advanced events by what
     happened to them; ``acked``, ``failed`` and ``rejected`` sum the subscriber
     resolutions of every advanced event.
@@ -141,6 +141,9 @@ class MemoryBroker:
         # Invariant: 0 <= committed[p] <= len(log[p]), and it only grows
         # (test_commit_only_moves_forward).
         self._committed: dict[tuple[str, str], list[int]] = {}
+        # Per group and partition, one past the highest offset ever delivered to it:
+        # what a producer counts as a redelivery, across restarts.
+        self._delivered: dict[tuple[str, str], list[int]] = {}
         self._publish_watchers: dict[str, set[asyncio.Event]] = {}
         self._commit_watchers: set[asyncio.Event] = set()
 
@@ -224,6 +227,9 @@ class MemoryBroker:
         partitions = len(self._log(topic))
         return self._committed.setdefault((topic, group), [0] * partitions)
 
+    def _delivery_marks(self, topic: str, group: str) -> list[int]:
+        return self._delivered.setdefault((topic, group), [0] * len(self._log(topic)))
+
     def _append(self, record: Record) -> Position:
         self._logs[record.topic][record.partition].append(record)
         for event in self._publish_watchers.get(record.topic, ()):
@@ -271,7 +277,6 @@ class MemoryStreamProducer(SharedStreamProducer):
         # Invariant: _fetch[p] > committed[p] once the record at committed[p] was
         # yielded; a hold sets it back to committed[p] (test_hold_seeks_back).
         self._fetch: list[int] = []
-        self._high: list[int] = []
         self._wake: asyncio.Event | None = None
         self._counts = dict.fromkeys(MemoryProducerStats.__dataclass_fields__, 0)
 
@@ -290,16 +295,16 @@ class MemoryStreamProducer(SharedStreamProducer):
             raise RuntimeError("open_stream() may be called once per producer")
         self._wake = asyncio.Event()
         self._fetch = list(self._broker.committed(self._topic, self._group).values())
-        self._high = list(self._fetch)
         return self._stream(self._wake)
 
     async def _stream(self, wake: asyncio.Event) -> AsyncIterator[tuple[Any, Any]]:
         self._broker._watch(self._topic, wake)
         log = self._broker._log(self._topic)
+        high = self._broker._delivery_marks(self._topic, self._group)
         turn = 0
         try:
             while True:
-                record = self._next_record(log, turn)
+                record = self._next_record(log, high, turn)
                 if record is None:
                     wake.clear()
                     await wake.wait()
@@ -309,17 +314,17 @@ class MemoryStreamProducer(SharedStreamProducer):
         finally:
             self._broker._unwatch(self._topic, wake)
 
-    def _next_record(self, log: list[list[Record]], turn: int) -> Record | None:
+    def _next_record(self, log: list[list[Record]], high: list[int], turn: int) -> Record | None:
         for i in range(len(log)):
             p = (turn + i) % len(log)
             offset = self._fetch[p]
             if offset < len(log[p]):
                 self._fetch[p] = offset + 1
                 self._counts["delivered"] += 1
-                if offset < self._high[p]:
+                if offset < high[p]:
                     self._counts["redelivered"] += 1
                 else:
-                    self._high[p] = offset + 1
+                    high[p] = offset + 1
                 return log[p][offset]
         return None
 

@@ -168,8 +168,10 @@ async def test_a_new_producer_resumes_from_committed_offsets() -> None:
     got = await take(first.open_stream(), 3)
     await first.advance([AdvanceItem(got[0][1], ACK)])
     await first.aclose()
-    again = await take(MemoryStreamProducer(broker, "t", "g").open_stream(), 2)
+    second = MemoryStreamProducer(broker, "t", "g")
+    again = await take(second.open_stream(), 2)
     assert [value for value, _ in again] == ["b", "c"]
+    assert second.stats.redelivered == 2
     other_group = await take(MemoryStreamProducer(broker, "t", "other").open_stream(), 1)
     assert other_group[0][0] == "a"
 
