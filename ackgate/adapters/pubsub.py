@@ -1,0 +1,479 @@
+"""Google Cloud Pub/Sub adapter: one pull subscription shared by every subscriber of a group.
+
+Install with ``pip install 'ackgate[pubsub]'`` (google-cloud-pubsub). Everything runs on
+the SDK's asyncio GAPIC clients (``SubscriberAsyncClient``, ``PublisherAsyncClient``):
+unary ``pull`` in the group's poll task, no thread per message.
+
+What each outcome does to the broker (the ``AdvanceOutcome`` of one message):
+
+* **clean** (every subscriber acked) -> ``acknowledge``, ack ids batched per call.
+* **failed** by anyone, or broadcast to **zero** subscribers -> nack
+  (``modify_ack_deadline`` to 0) so Pub/Sub redelivers it promptly. A failure wins
+  over a rejection: the subscriber that did not handle the message gets it again.
+* **rejected** (and nobody failed) -> with ``dlq_topic``: published there (same data,
+  attributes and ordering key, plus the ``ackgate-reason`` and
+  ``ackgate-source-subscription`` attributes), then acknowledged. Without
+  ``dlq_topic``: nacked, so the *subscription's own* dead-letter policy moves it to its
+  dead-letter topic once ``max_delivery_attempts`` is reached (until then it is
+  redelivered and rejected again; on a subscription without such a policy it comes
+  back forever).
+
+Lanes: the message's ordering key when it has one (enable message ordering on the
+subscription to get the server's per-key order), else each message is its own lane,
+so a slow message never holds back unrelated ones.
+
+Leases: every pulled message gets ``modify_ack_deadline(ack_deadline)`` on receipt and
+again, batched, whenever less than half of it is left, until it is advanced. At most
+``max_outstanding`` messages are held (pulled, not yet advanced); the poll waits for
+advances beyond that. When the group ends, what was never advanced is nacked in
+:meth:`PubSubStreamProducer.aclose`, so it comes back at once rather than when its
+lease runs out.
+
+Exactly-once subscriptions: ``acknowledge`` / ``modify_ack_deadline`` report per-ack-id
+failures. Transient ones are retried; permanent ones (an ack id that expired) are
+logged at WARNING with the message id and are not fatal, since Pub/Sub redelivers the
+message. A message whose receipt lease fails permanently is not handed out.
+
+Logging on ``ackgate.adapters.pubsub``: message ids, counts and reasons, never message
+data or attributes. SDK errors surface as :class:`PubSubError` with the SDK exception
+as ``__cause__``: from the poll they end the group (``StreamTerminated``), from
+``advance`` they end it with ``AdvanceFailed``.
+
+``PUBSUB_EMULATOR_HOST`` is honoured: the clients then speak plaintext gRPC to that
+host without credentials, and ``client_options`` / ``credentials`` are not used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import time
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Hashable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from logging import getLogger
+from typing import Any
+
+from ackgate._errors import AckGateError
+from ackgate._outcome import AdvanceItem, AdvanceOutcome
+from ackgate._producer import SharedStreamProducer
+
+try:
+    import grpc  # type: ignore[import-untyped,unused-ignore]
+    from google.api_core import exceptions as gexc
+    from google.pubsub_v1 import (
+        PublisherAsyncClient,
+        PubsubMessage,
+        ReceivedMessage,
+        SubscriberAsyncClient,
+    )
+    from google.pubsub_v1.services.publisher.transports import PublisherGrpcAsyncIOTransport
+    from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcAsyncIOTransport
+except ImportError as _exc:  # deferred: importing this module must not need the SDK
+    _SDK_MISSING: ImportError | None = _exc
+else:
+    _SDK_MISSING = None
+
+logger = getLogger("ackgate.adapters.pubsub")
+
+REASON_ATTRIBUTE = "ackgate-reason"
+SOURCE_ATTRIBUTE = "ackgate-source-subscription"
+
+# An ack/modack request is capped at 512 KiB and an ack id runs to a few hundred bytes.
+_ACK_IDS_PER_CALL = 1000
+_PUBLISH_MAX_MESSAGES = 1000
+_PUBLISH_MAX_BYTES = 8 * 1024 * 1024
+_EOD_ATTEMPTS = 3
+# Pull responses may exceed gRPC's 4 MiB default; the SDK lifts the limit the same way.
+_UNLIMITED_MESSAGES = [
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+]
+
+AckCall = Callable[[list[str]], Awaitable[None]]
+
+
+class PubSubError(AckGateError):
+    """A Pub/Sub call failed. ``__cause__`` is the SDK's exception."""
+
+
+class PubSubStreamProducer(SharedStreamProducer):
+    """Share one Pub/Sub pull subscription among a group's subscribers.
+
+    ``open_stream`` yields ``(received_message, received_message)``: the SDK's
+    ``google.pubsub_v1.ReceivedMessage`` (``.message.data``, ``.message.attributes``,
+    ``.message.message_id``, ``.message.ordering_key``, ``.delivery_attempt``) is
+    both the raw event and the broker payload. Settle it only through ackgate.
+
+    Arguments: ``subscription`` and ``dlq_topic`` are full resource names
+    (``projects/P/subscriptions/S``, ``projects/P/topics/T``). ``max_messages`` (1-1000)
+    is the most one ``pull`` asks for; ``ack_deadline`` (10-600 s) the lease kept on
+    every outstanding message; ``max_outstanding`` (>= 2) the most messages held
+    between pull and advance. Keep ``max_outstanding`` above the number of events
+    your subscribers hold with unconfirmed outputs, or the poll waits on them.
+    ``pull_timeout`` bounds one long-poll. ``client_options`` and ``credentials`` go to
+    both SDK clients.
+
+    The outcome contract, lanes, leases and logging are described in the module
+    docstring.
+    """
+
+    def __init__(
+        self,
+        subscription: str,
+        *,
+        max_messages: int = 100,
+        ack_deadline: int = 60,
+        max_outstanding: int = 1000,
+        dlq_topic: str | None = None,
+        pull_timeout: float = 30.0,
+        client_options: Any = None,
+        credentials: Any = None,
+    ) -> None:
+        if "/subscriptions/" not in subscription or not subscription.startswith("projects/"):
+            raise ValueError(f"subscription must be projects/P/subscriptions/S: {subscription!r}")
+        if dlq_topic is not None and (
+            "/topics/" not in dlq_topic or not dlq_topic.startswith("projects/")
+        ):
+            raise ValueError(f"dlq_topic must be projects/P/topics/T, got {dlq_topic!r}")
+        if not 1 <= max_messages <= 1000:
+            raise ValueError(f"max_messages must be within 1..1000, got {max_messages!r}")
+        if not 10 <= ack_deadline <= 600:
+            raise ValueError(f"ack_deadline must be within 10..600 seconds, got {ack_deadline!r}")
+        if max_outstanding < 2:
+            raise ValueError(f"max_outstanding must be >= 2, got {max_outstanding!r}")
+        if pull_timeout <= 0:
+            raise ValueError(f"pull_timeout must be > 0, got {pull_timeout!r}")
+        self._subscription = subscription
+        self._dlq_topic = dlq_topic
+        self._max_messages = max_messages
+        self._ack_deadline = ack_deadline
+        self._max_outstanding = max_outstanding
+        self._pull_timeout = pull_timeout
+        self._client_options = client_options
+        self._credentials = credentials
+        self._subscriber: SubscriberAsyncClient | None = None
+        self._publisher: PublisherAsyncClient | None = None
+        self._lease_task: asyncio.Task[None] | None = None
+        # Invariant: holds exactly the messages pulled and not yet advanced (or nacked
+        # in aclose), as ack id -> monotonic time their current lease runs out.
+        self._leases: dict[str, float] = {}
+        # Message ids by ack id, only so that failures can be logged by message id.
+        self._message_ids: dict[str, str] = {}
+        self._room = asyncio.Event()
+
+    def get_advance_lane(self, broker_payload: Any) -> Hashable:
+        """The ordering key, or the ack id (its own lane) when the key is empty."""
+        message: ReceivedMessage = broker_payload
+        return message.message.ordering_key or message.ack_id
+
+    async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
+        """Connect, then long-poll the subscription forever.
+
+        Raises :class:`PubSubError` when a pull fails (after the SDK's own retries) or
+        the lease task died. Cancellation: the pull in flight is dropped; messages
+        already pulled stay leased until :meth:`aclose` nacks them.
+        """
+        self._connect()
+        subscriber = self._subscriber
+        assert subscriber is not None
+        while True:
+            while len(self._leases) >= self._max_outstanding:
+                self._room.clear()
+                await self._room.wait()
+            self._raise_if_lease_task_died()
+            room = self._max_outstanding - len(self._leases)
+            received = await self._pull(subscriber, min(self._max_messages, room))
+            for message in await self._lease_on_receipt(received):
+                yield message, message
+
+    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        """Settle one lane's batch: acknowledge, dead-letter or nack each message.
+
+        Raises :class:`PubSubError` when a call fails outright (after the SDK's own
+        retries); the group then ends and Pub/Sub redelivers what was not settled.
+        Cancellation: calls already sent stand; the rest is redelivered.
+        """
+        acks: list[str] = []
+        nacks: list[str] = []
+        dead: list[tuple[ReceivedMessage, AdvanceOutcome]] = []
+        # Taken off the lease table first so the lease task stops extending them.
+        settling: dict[str, float] = {}
+        for payload, outcome in batch:
+            message: ReceivedMessage = payload
+            settling[message.ack_id] = self._leases.pop(message.ack_id, math.inf)
+            if outcome.is_clean:
+                acks.append(message.ack_id)
+            elif outcome.failed == 0 and outcome.rejected > 0:
+                dead.append((message, outcome))
+            else:
+                nacks.append(message.ack_id)
+        try:
+            if dead and self._dlq_topic is not None:
+                await self._publish_dead_letters(dead)
+                acks.extend(message.ack_id for message, _ in dead)
+            else:
+                nacks.extend(message.ack_id for message, _ in dead)
+            refused = await self._settle("acknowledge", self._acknowledge, acks)
+            refused.update(await self._settle("nack", self._nack, nacks))
+        except BaseException:
+            self._leases.update(settling)  # not settled: aclose nacks them
+            raise
+        self._log_refused("settlement", refused)
+        for ack_id in settling:
+            self._message_ids.pop(ack_id, None)
+        if len(self._leases) < self._max_outstanding:
+            self._room.set()
+
+    async def aclose(self) -> None:
+        """Stop the leases, nack what was never advanced, close both clients.
+
+        Best-effort: a failed nack is logged (those messages come back when their
+        lease runs out) and the clients are closed regardless.
+        """
+        if self._lease_task is not None:
+            self._lease_task.cancel()
+            await asyncio.gather(self._lease_task, return_exceptions=True)
+        abandoned = list(self._leases)
+        self._leases.clear()
+        self._message_ids.clear()
+        subscriber, publisher = self._subscriber, self._publisher
+        try:
+            if abandoned and subscriber is not None:
+                # Refusals need no log: the lease of those ids has lapsed already.
+                await self._settle("nack on close", self._nack, abandoned)
+        except PubSubError as exc:
+            logger.warning(
+                "Could not nack %d abandoned messages on %s: %s; they return when "
+                "their lease runs out",
+                len(abandoned),
+                self._subscription,
+                exc.__cause__,
+            )
+        finally:
+            self._subscriber = self._publisher = None
+            try:
+                if subscriber is not None:
+                    await _close(subscriber.transport)
+            finally:
+                if publisher is not None:
+                    await _close(publisher.transport)
+
+    def _connect(self) -> None:
+        if _SDK_MISSING is not None:
+            raise ImportError(
+                "the Pub/Sub adapter needs google-cloud-pubsub: pip install 'ackgate[pubsub]'"
+            ) from _SDK_MISSING
+        emulator = os.environ.get("PUBSUB_EMULATOR_HOST")
+        if emulator:
+            # Built explicitly: not every supported SDK release points the async
+            # GAPIC client at the emulator by itself.
+            self._subscriber = SubscriberAsyncClient(
+                transport=SubscriberGrpcAsyncIOTransport(
+                    channel=grpc.aio.insecure_channel(emulator, options=_UNLIMITED_MESSAGES)
+                )
+            )
+            if self._dlq_topic is not None:
+                self._publisher = PublisherAsyncClient(
+                    transport=PublisherGrpcAsyncIOTransport(
+                        channel=grpc.aio.insecure_channel(emulator, options=_UNLIMITED_MESSAGES)
+                    )
+                )
+        else:
+            self._subscriber = SubscriberAsyncClient(
+                credentials=self._credentials, client_options=self._client_options
+            )
+            if self._dlq_topic is not None:
+                self._publisher = PublisherAsyncClient(
+                    credentials=self._credentials, client_options=self._client_options
+                )
+        self._lease_task = asyncio.get_running_loop().create_task(
+            self._extend_leases(), name=f"ackgate pubsub leases {self._subscription}"
+        )
+
+    async def _pull(
+        self, subscriber: SubscriberAsyncClient, max_messages: int
+    ) -> list[ReceivedMessage]:
+        try:
+            response = await subscriber.pull(
+                subscription=self._subscription,
+                max_messages=max_messages,
+                timeout=self._pull_timeout,
+            )
+        except gexc.DeadlineExceeded:
+            return []  # the long-poll ran out with nothing to deliver
+        except gexc.GoogleAPIError as exc:
+            raise PubSubError(f"pull from {self._subscription} failed: {exc}") from exc
+        return list(response.received_messages)
+
+    async def _lease_on_receipt(self, received: list[ReceivedMessage]) -> list[ReceivedMessage]:
+        """Take the lease on freshly pulled messages; drop those the server refused."""
+        if not received:
+            return []
+        expiry = time.monotonic() + self._ack_deadline
+        for message in received:
+            self._leases[message.ack_id] = expiry
+            self._message_ids[message.ack_id] = message.message.message_id
+        refused = await self._settle(
+            "lease on receipt", self._modify, [message.ack_id for message in received]
+        )
+        self._log_refused("lease on receipt", refused)
+        for ack_id in refused:
+            self._leases.pop(ack_id, None)
+            self._message_ids.pop(ack_id, None)
+        return [message for message in received if message.ack_id not in refused]
+
+    async def _extend_leases(self) -> None:
+        """Keep every outstanding message leased. Caller: the task made in _connect."""
+        while True:
+            await asyncio.sleep(self._ack_deadline / 4)
+            now = time.monotonic()
+            due = [a for a, until in self._leases.items() if until - now < self._ack_deadline / 2]
+            if not due:
+                continue
+            for ack_id in due:
+                self._leases[ack_id] = now + self._ack_deadline
+            try:
+                refused = await self._settle("lease extension", self._modify, due)
+            except PubSubError as exc:
+                # Not fatal: at worst these messages are redelivered (a duplicate).
+                logger.warning(
+                    "Lease extension of %d messages on %s failed: %s",
+                    len(due),
+                    self._subscription,
+                    exc.__cause__,
+                )
+                continue
+            # Ids advanced while the call was in flight are expected to be refused.
+            lapsed = {a: why for a, why in refused.items() if a in self._leases}
+            self._log_refused("lease extension", lapsed)
+            for ack_id in lapsed:
+                self._leases[ack_id] = math.inf  # lost for good: stop extending it
+
+    def _raise_if_lease_task_died(self) -> None:
+        task = self._lease_task
+        if task is not None and task.done() and not task.cancelled():
+            error = task.exception()
+            raise PubSubError(f"lease extension on {self._subscription} stopped") from error
+
+    async def _publish_dead_letters(
+        self, dead: list[tuple[ReceivedMessage, AdvanceOutcome]]
+    ) -> None:
+        assert self._publisher is not None and self._dlq_topic is not None
+        by_key: dict[str, list[PubsubMessage]] = {}
+        for received, outcome in dead:
+            original = received.message
+            attributes = dict(original.attributes)
+            attributes[REASON_ATTRIBUTE] = (
+                f"rejected by {outcome.rejected} of "
+                f"{outcome.acked + outcome.rejected + outcome.failed} subscribers"
+            )
+            attributes[SOURCE_ATTRIBUTE] = self._subscription
+            # A publish request may carry one ordering key only.
+            by_key.setdefault(original.ordering_key, []).append(
+                PubsubMessage(
+                    data=original.data, attributes=attributes, ordering_key=original.ordering_key
+                )
+            )
+        for messages in by_key.values():
+            for chunk in _publish_chunks(messages):
+                try:
+                    await self._publisher.publish(topic=self._dlq_topic, messages=chunk)
+                except gexc.GoogleAPIError as exc:
+                    raise PubSubError(f"publish to {self._dlq_topic} failed: {exc}") from exc
+        logger.info("Dead-lettered %d messages to %s", len(dead), self._dlq_topic)
+
+    async def _acknowledge(self, ack_ids: list[str]) -> None:
+        assert self._subscriber is not None
+        await self._subscriber.acknowledge(subscription=self._subscription, ack_ids=ack_ids)
+
+    async def _nack(self, ack_ids: list[str]) -> None:
+        assert self._subscriber is not None
+        await self._subscriber.modify_ack_deadline(
+            subscription=self._subscription, ack_ids=ack_ids, ack_deadline_seconds=0
+        )
+
+    async def _modify(self, ack_ids: list[str]) -> None:
+        assert self._subscriber is not None
+        await self._subscriber.modify_ack_deadline(
+            subscription=self._subscription,
+            ack_ids=ack_ids,
+            ack_deadline_seconds=self._ack_deadline,
+        )
+
+    async def _settle(self, what: str, call: AckCall, ack_ids: list[str]) -> dict[str, str]:
+        """Run ``call`` over ``ack_ids`` in chunks; return the ids refused for good, with why.
+
+        Per-ack-id failures exist on exactly-once subscriptions only: transient ones
+        are retried, permanent ones returned. Any other failure raises
+        :class:`PubSubError`.
+        """
+        refused: dict[str, str] = {}
+        for start in range(0, len(ack_ids), _ACK_IDS_PER_CALL):
+            pending = ack_ids[start : start + _ACK_IDS_PER_CALL]
+            for attempt in range(_EOD_ATTEMPTS):
+                try:
+                    await call(pending)
+                    pending = []
+                    break
+                except gexc.GoogleAPIError as exc:
+                    per_ack = _per_ack_failures(exc, pending)
+                    if per_ack is None:
+                        raise PubSubError(f"{what} on {self._subscription} failed: {exc}") from exc
+                    retry = [a for a in pending if per_ack.get(a, "").startswith("TRANSIENT_")]
+                    refused.update(
+                        (a, per_ack[a]) for a in pending if a in per_ack and a not in retry
+                    )
+                    pending = retry
+                    if not pending:
+                        break
+                    await asyncio.sleep(0.1 * 2**attempt)  # back off before retrying
+            refused.update((a, "transient failures persisted") for a in pending)
+        return refused
+
+    def _log_refused(self, what: str, refused: dict[str, str]) -> None:
+        for ack_id, reason in refused.items():
+            logger.warning(
+                "%s refused for message %s on %s (%s); Pub/Sub will redeliver it",
+                what,
+                self._message_ids.get(ack_id, "?"),
+                self._subscription,
+                reason,
+            )
+
+
+async def _close(transport: Any) -> None:
+    close: Callable[[], Awaitable[None]] = transport.close  # the SDK leaves it untyped
+    await close()
+
+
+def _per_ack_failures(exc: Exception, ack_ids: list[str]) -> dict[str, str] | None:
+    """The ack id -> failure reason map an exactly-once subscription sends, if this is one."""
+    metadata = getattr(exc, "metadata", None)
+    if not isinstance(metadata, Mapping) or not any(ack_id in metadata for ack_id in ack_ids):
+        return None
+    return {str(key): str(value) for key, value in metadata.items()}
+
+
+def _publish_chunks(messages: list[PubsubMessage]) -> Iterator[list[PubsubMessage]]:
+    chunk: list[PubsubMessage] = []
+    size = 0
+    for message in messages:
+        message_size = len(message.data) + sum(
+            len(k) + len(v) for k, v in message.attributes.items()
+        )
+        full = len(chunk) >= _PUBLISH_MAX_MESSAGES or size + message_size > _PUBLISH_MAX_BYTES
+        if chunk and full:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(message)
+        size += message_size
+    if chunk:
+        yield chunk

@@ -1,0 +1,147 @@
+"""The producer on its own against the emulator, driven the way ackgate drives it,
+plus its argument checks and exactly-once per-ack-id handling (no broker needed)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from google.api_core.exceptions import InvalidArgument
+from google.rpc.error_details_pb2 import ErrorInfo
+from pubsub_support import PubSubAdmin, text
+
+import ackgate.adapters.pubsub as pubsub_adapter
+from ackgate import AdvanceItem, AdvanceOutcome
+from ackgate.adapters.pubsub import PubSubError, PubSubStreamProducer
+
+ACKED = AdvanceOutcome(acked=1, failed=0, rejected=0)
+FAILED = AdvanceOutcome(acked=0, failed=1, rejected=0)
+SUBSCRIPTION = "projects/p/subscriptions/s"
+
+
+async def take(stream: AsyncIterator[tuple[object, object]], count: int) -> list[object]:
+    async with asyncio.timeout(15):
+        return [(await anext(stream))[1] for _ in range(count)]
+
+
+async def test_acked_messages_are_acknowledged_and_failed_ones_come_back(
+    pubsub: PubSubAdmin,
+) -> None:
+    topic = await pubsub.create_topic()
+    subscription = await pubsub.create_subscription(topic)
+    await pubsub.publish(topic, ["a", "b", "c"])
+    producer = PubSubStreamProducer(subscription, ack_deadline=60)
+    stream = producer.open_stream()
+    try:
+        payloads = await take(stream, 3)
+        assert sorted(text(p) for p in payloads) == ["a", "b", "c"]  # type: ignore[arg-type]
+        by_body = {text(p): p for p in payloads}  # type: ignore[arg-type]
+        await producer.advance([AdvanceItem(by_body["a"], ACKED)])
+        await producer.advance([AdvanceItem(by_body["b"], FAILED)])
+        # Nacked, so it is back long before the 60 s lease would have run out.
+        (again,) = await take(stream, 1)
+        assert text(again) == "b"  # type: ignore[arg-type]
+        await producer.advance([AdvanceItem(again, ACKED)])
+    finally:
+        await stream.aclose()
+        await producer.aclose()
+    # "c" was never advanced: aclose nacked it, so it is back at once; "a", "b" are gone.
+    returned = await pubsub.pull(subscription, wait=5)
+    assert [text(r) for r in returned] == ["c"]
+    await pubsub.ack(subscription, returned)
+    assert await pubsub.pull(subscription, wait=2) == []
+
+
+async def test_lanes_are_ordering_keys_or_single_messages(pubsub: PubSubAdmin) -> None:
+    topic = await pubsub.create_topic()
+    subscription = await pubsub.create_subscription(topic, ordering=True)
+    await pubsub.publish(topic, ["k1", "k2"], ordering_key="key")
+    await pubsub.publish(topic, ["x", "y"])
+    producer = PubSubStreamProducer(subscription)
+    stream = producer.open_stream()
+    try:
+        payloads = {text(p): p for p in await take(stream, 4)}  # type: ignore[arg-type]
+        lanes = {body: producer.get_advance_lane(p) for body, p in payloads.items()}
+        assert lanes["k1"] == lanes["k2"] == "key"
+        assert len({lanes["x"], lanes["y"], "key"}) == 3
+        for payload in payloads.values():
+            await producer.advance([AdvanceItem(payload, ACKED)])
+    finally:
+        await stream.aclose()
+        await producer.aclose()
+    assert await pubsub.pull(subscription, wait=2) == []
+
+
+async def test_a_failed_pull_ends_the_stream_loudly(pubsub: PubSubAdmin) -> None:
+    producer = PubSubStreamProducer("projects/ackgate-test/subscriptions/does-not-exist")
+    stream = producer.open_stream()
+    try:
+        with pytest.raises(PubSubError, match="pull from"):
+            async with asyncio.timeout(15):
+                await anext(stream)
+    finally:
+        await producer.aclose()
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [
+        ("max_messages", 0),
+        ("max_messages", 1001),
+        ("ack_deadline", 9),
+        ("ack_deadline", 601),
+        ("max_outstanding", 1),
+        ("pull_timeout", 0),
+        ("dlq_topic", "not-a-topic"),
+    ],
+)
+def test_arguments_are_checked_at_once(argument: str, value: object) -> None:
+    with pytest.raises(ValueError, match=argument):
+        PubSubStreamProducer(SUBSCRIPTION, **{argument: value})  # type: ignore[arg-type]
+
+
+def test_a_bare_subscription_name_is_refused() -> None:
+    with pytest.raises(ValueError, match="subscription"):
+        PubSubStreamProducer("my-subscription")
+
+
+async def test_a_missing_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pubsub_adapter, "_SDK_MISSING", ImportError("no google"))
+    stream = PubSubStreamProducer(SUBSCRIPTION).open_stream()
+    with pytest.raises(ImportError, match=r"pip install 'ackgate\[pubsub\]'"):
+        await anext(stream)
+
+
+def _exactly_once_refusal(failures: dict[str, str]) -> InvalidArgument:
+    info = ErrorInfo(reason="EXACTLY_ONCE_ACKID_FAILURE", metadata=failures)
+    return InvalidArgument("some ack ids failed", error_info=info)
+
+
+async def test_exactly_once_failures_retry_transient_and_report_permanent_ones(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    producer = PubSubStreamProducer(SUBSCRIPTION)
+    calls: list[list[str]] = []
+
+    async def acknowledge(ack_ids: list[str]) -> None:
+        calls.append(list(ack_ids))
+        if len(calls) == 1:
+            raise _exactly_once_refusal(
+                {"gone": "PERMANENT_FAILURE_INVALID_ACK_ID", "busy": "TRANSIENT_FAILURE_UNORDERED"}
+            )
+
+    refused = await producer._settle("acknowledge", acknowledge, ["ok", "gone", "busy"])
+    assert refused == {"gone": "PERMANENT_FAILURE_INVALID_ACK_ID"}
+    assert calls == [["ok", "gone", "busy"], ["busy"]]  # only the transient one is retried
+
+
+async def test_an_error_without_per_ack_detail_is_raised() -> None:
+    producer = PubSubStreamProducer(SUBSCRIPTION)
+
+    async def acknowledge(ack_ids: list[str]) -> None:
+        raise InvalidArgument("bad request")
+
+    with pytest.raises(PubSubError, match="acknowledge") as raised:
+        await producer._settle("acknowledge", acknowledge, ["a"])
+    assert isinstance(raised.value.__cause__, InvalidArgument)
