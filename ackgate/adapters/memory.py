@@ -73,9 +73,11 @@ logger = logging.getLogger("ackgate.adapters.memory")
 DLQ_SUFFIX = ".dlq"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, order=True)
 class Position:
-    """Where a record lives; the broker payload :class:`MemoryStreamProducer` yields."""
+    """Where a record lives; the broker payload :class:`MemoryStreamProducer` yields.
+
+    Ordered by topic, partition, offset."""
 
     topic: str
     partition: int
