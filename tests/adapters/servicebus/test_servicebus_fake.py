@@ -14,7 +14,6 @@ from azure.servicebus.exceptions import (
 from fake_servicebus import FakeServiceBus, ManualClock
 
 
-
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock()

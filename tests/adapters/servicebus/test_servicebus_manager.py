@@ -107,9 +107,10 @@ async def test_a_failed_event_is_abandoned_and_redelivered(bus: FakeServiceBus) 
     async with SharedStreamManager() as manager:
         crashy = manager.subscribe("orders", "crashy", producer=factory(bus))
         steady = manager.subscribe("orders", "steady", producer=factory(bus))
-        crashed, seen = await asyncio.gather(
+        results: list[Any] = await asyncio.gather(
             consume(crashy, 1, crash), consume(steady, 2), return_exceptions=True
         )
+    crashed, seen = results
     assert isinstance(crashed, RuntimeError)
     assert isinstance(seen, list)
     assert [(str(m), m.delivery_count) for m in seen] == [("m", 0), ("m", 1)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import pytest
@@ -56,6 +56,12 @@ def producer(bus: FakeServiceBus, **options: Any) -> ServiceBusStreamProducer:
     )
 
 
+def open_stream(p: ServiceBusStreamProducer) -> AsyncGenerator[tuple[Any, Any], None]:
+    stream = p.open_stream()
+    assert isinstance(stream, AsyncGenerator)
+    return stream
+
+
 async def pull(stream: AsyncIterator[tuple[Any, Any]], count: int) -> list[tuple[Any, Any]]:
     async with asyncio.timeout(5):
         return [await anext(stream) for _ in range(count)]
@@ -65,7 +71,7 @@ async def test_outcomes_map_to_complete_dead_letter_and_abandon(bus: FakeService
     for body in ("clean", "rejected", "failed", "nobody", "both"):
         bus.send("q", body)
     p = producer(bus)
-    stream = p.open_stream()
+    stream = open_stream(p)
     events = await pull(stream, 5)
     for (_, payload), outcome in zip(
         events, (CLEAN, REJECTED, FAILED, NOBODY, FAILED_AND_REJECTED), strict=True
@@ -89,7 +95,7 @@ async def test_outcomes_map_to_complete_dead_letter_and_abandon(bus: FakeService
 async def test_lane_is_the_sequence_number_without_sessions(bus: FakeServiceBus) -> None:
     sequence_numbers = [bus.send("q", str(i)) for i in range(3)]
     p = producer(bus)
-    stream = p.open_stream()
+    stream = open_stream(p)
     lanes = [p.get_advance_lane(payload) for _, payload in await pull(stream, 3)]
     assert lanes == sequence_numbers
     await stream.aclose()
@@ -100,7 +106,7 @@ async def test_lane_is_the_session_id_on_session_entities(bus: FakeServiceBus) -
     for body in ("1", "2", "3"):
         bus.send("s", body, session_id="A")
     p = producer(bus, queue_name="s", session_id="A")
-    stream = p.open_stream()
+    stream = open_stream(p)
     events = await pull(stream, 3)
     assert [(str(m), p.get_advance_lane(payload)) for m, payload in events] == [
         ("1", "A"),
@@ -121,7 +127,7 @@ async def test_next_available_session_moves_on_once_a_session_is_done(
     bus.send("s", "a2", session_id="A")
     bus.send("s", "b1", session_id="B")
     p = producer(bus, queue_name="s", session_id=next_available)
-    stream = p.open_stream()
+    stream = open_stream(p)
     first = await pull(stream, 2)
     assert [(str(m), p.get_advance_lane(d)) for m, d in first] == [("a1", "A"), ("a2", "A")]
     await p.advance([AdvanceItem(d, CLEAN) for _, d in first])
@@ -136,7 +142,7 @@ async def test_next_available_session_moves_on_once_a_session_is_done(
 async def test_lock_renewal_keeps_a_slow_message(bus: FakeServiceBus) -> None:
     sequence_number = bus.send("q", "slow")
     p = producer(bus)
-    stream = p.open_stream()
+    stream = open_stream(p)
     [(_, payload)] = await pull(stream, 1)
     async with asyncio.timeout(5):  # three renewals: well past the 1 s lock
         await bus.wait_until(lambda: len(bus.ops("renew")) >= 3)
@@ -154,7 +160,7 @@ async def test_renewal_failure_leaves_the_message_to_redelivery(
     sequence_number = bus.send("q", "unlucky", message_id="msg-7")
     bus.renew_faults.append(ServiceBusError("renewal refused"))
     p = producer(bus)
-    stream = p.open_stream()
+    stream = open_stream(p)
     [(_, payload)] = await pull(stream, 1)
     async with asyncio.timeout(5):
         await bus.wait_until(lambda: bus.ops("expire") == [sequence_number])
@@ -186,7 +192,7 @@ async def test_settlement_errors_are_logged_not_raised(
     sequence_number = bus.send("q", "x", message_id="msg-1")
     bus.settle_faults.append(error)
     p = producer(bus)
-    stream = p.open_stream()
+    stream = open_stream(p)
     [(_, payload)] = await pull(stream, 1)
     await p.advance([AdvanceItem(payload, CLEAN)])
     assert (
@@ -202,7 +208,7 @@ async def test_an_unexpected_settlement_error_raises(bus: FakeServiceBus) -> Non
     bus.send("q", "x")
     bus.settle_faults.append(RuntimeError("a bug, not a broker refusal"))
     p = producer(bus)
-    stream = p.open_stream()
+    stream = open_stream(p)
     [(_, payload)] = await pull(stream, 1)
     with pytest.raises(RuntimeError, match="a bug"):
         await p.advance([AdvanceItem(payload, CLEAN)])
@@ -217,7 +223,7 @@ async def test_session_lock_loss_ends_the_stream_and_settles_nothing(
     bus.send("s", "1", session_id="A")
     bus.renew_faults.append(SessionLockLostError())
     p = producer(bus, queue_name="s", session_id="A")
-    stream = p.open_stream()
+    stream = open_stream(p)
     [(_, payload)] = await pull(stream, 1)
     with pytest.raises(SessionLockLostError):
         await pull(stream, 1)
@@ -231,7 +237,7 @@ async def test_aclose_abandons_what_was_not_advanced_and_closes(bus: FakeService
     for body in ("a", "b", "c"):
         bus.send("q", body)
     p = producer(bus)
-    stream = p.open_stream()
+    stream = open_stream(p)
     [(_, payload)] = await pull(stream, 1)  # one receive took all three
     await p.advance([AdvanceItem(payload, CLEAN)])
     await stream.aclose()
@@ -249,7 +255,7 @@ async def test_missing_sdk_names_the_extra(
     bus: FakeServiceBus, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "azure.servicebus", None)
-    stream = producer(bus).open_stream()
+    stream = open_stream(producer(bus))
     with pytest.raises(ImportError, match=r"pip install 'ackgate\[servicebus\]'"):
         await anext(stream)
 
@@ -297,7 +303,7 @@ def test_repr_shows_the_namespace_never_the_key() -> None:
 
 async def test_sdk_client_errors_do_not_echo_the_connection_string() -> None:
     broken = f"Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKey={KEY}"
-    stream = ServiceBusStreamProducer(connection_string=broken, queue_name="q").open_stream()
+    stream = open_stream(ServiceBusStreamProducer(connection_string=broken, queue_name="q"))
     with pytest.raises(ValueError) as raised:
         await anext(stream)
     text = f"{raised.value!r} {raised.value.__cause__!r} {raised.value.__context__!r}"
