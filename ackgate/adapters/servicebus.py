@@ -107,6 +107,10 @@ class _Delivery:
     settling: bool = False
 
 
+def _ids(message: Any) -> str:
+    return f"message_id={message.message_id} sequence_number={message.sequence_number}"
+
+
 def _endpoint_host(connection_string: str) -> str | None:
     for part in connection_string.split(";"):
         key, _, value = part.partition("=")
@@ -174,10 +178,6 @@ class ServiceBusStreamProducer(SharedStreamProducer):
             not isinstance(connection_string, str) or _endpoint_host(connection_string) is None
         ):
             raise ValueError("connection_string has no Endpoint=sb://... part (value not shown)")
-        if fully_qualified_namespace is not None and (
-            not isinstance(fully_qualified_namespace, str) or not fully_qualified_namespace.strip()
-        ):
-            raise ValueError("fully_qualified_namespace must be a non-empty string")
         if (credential is not None) != (fully_qualified_namespace is not None):
             raise ValueError("credential goes with fully_qualified_namespace, and only with it")
         if client_options is not None and client_factory is not None:
@@ -192,11 +192,12 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         else:
             raise ValueError("give queue_name, or topic_name together with subscription_name")
         for name, value in (
+            ("fully_qualified_namespace", fully_qualified_namespace),
             ("queue_name", queue_name),
             ("topic_name", topic_name),
             ("subscription_name", subscription_name),
         ):
-            if value is not None and (not isinstance(value, str) or not value):
+            if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise ValueError(f"{name} must be a non-empty string")
 
         next_available = session_id is NEXT_AVAILABLE_SESSION or (
@@ -228,7 +229,7 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         self._topic_name = topic_name
         self._subscription_name = subscription_name
         self._entity = entity
-        self._session_id = None if next_available else session_id
+        self._session_id = NEXT_AVAILABLE_SESSION if next_available else session_id
         self._next_available = next_available
         self._sessionful = session_id is not None
         self._max_message_count = max_message_count
@@ -248,16 +249,9 @@ class ServiceBusStreamProducer(SharedStreamProducer):
     def __repr__(self) -> str:
         if self._connection_string is not None:
             namespace = _endpoint_host(self._connection_string)
-        elif self._namespace is not None:
-            namespace = self._namespace
         else:
-            namespace = "<client_factory>"
-        if self._next_available:
-            session = ", session=NEXT_AVAILABLE_SESSION"
-        elif self._session_id is not None:
-            session = f", session={self._session_id!r}"
-        else:
-            session = ""
+            namespace = self._namespace or "<client_factory>"
+        session = f", session={self._session_id!r}" if self._sessionful else ""
         return f"ServiceBusStreamProducer(namespace={namespace!r}, {self._entity}{session})"
 
     # -- the stream ---------------------------------------------------------------
@@ -396,38 +390,29 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         try:
             if delivery.lock_lost:
                 _log.warning(
-                    "Service Bus lock was lost; not settling message_id=%s sequence_number=%s "
-                    "(outcome %s); the broker redelivers it",
-                    message.message_id,
-                    message.sequence_number,
+                    "Service Bus lock was lost; not settling %s (%s); the broker redelivers it",
+                    _ids(message),
                     outcome,
                 )
                 return
             if outcome.is_clean:
-                action = "complete"
-                await_settle = receiver.complete_message(message)
+                action, settlement = "complete", receiver.complete_message(message)
             elif outcome.rejected and not outcome.failed:
+                total = outcome.acked + outcome.rejected
+                why = f"rejected by {outcome.rejected} of {total} ackgate subscribers"
                 action = "dead-letter"
-                await_settle = receiver.dead_letter_message(
-                    message,
-                    reason=DEAD_LETTER_REASON,
-                    error_description=(
-                        f"rejected by {outcome.rejected} of "
-                        f"{outcome.acked + outcome.rejected} ackgate subscribers"
-                    ),
+                settlement = receiver.dead_letter_message(
+                    message, reason=DEAD_LETTER_REASON, error_description=why
                 )
             else:
-                action = "abandon"
-                await_settle = receiver.abandon_message(message)
+                action, settlement = "abandon", receiver.abandon_message(message)
             try:
-                await await_settle
+                await settlement
             except self._sdk.settlement_errors as exc:
                 _log.warning(
-                    "Service Bus %s failed for message_id=%s sequence_number=%s (%s); "
-                    "the broker redelivers it",
+                    "Service Bus %s failed for %s (%s); the broker redelivers it",
                     action,
-                    message.message_id,
-                    message.sequence_number,
+                    _ids(message),
                     type(exc).__name__,
                 )
         finally:
@@ -446,9 +431,8 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                         await delivery.receiver.abandon_message(delivery.message)
                     except self._sdk.settlement_errors as exc:
                         _log.debug(
-                            "Abandon on close failed for message_id=%s sequence_number=%s (%s)",
-                            delivery.message.message_id,
-                            delivery.message.sequence_number,
+                            "Abandon on close failed for %s (%s)",
+                            _ids(delivery.message),
                             type(exc).__name__,
                         )
         except TimeoutError:
@@ -480,10 +464,9 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                         continue  # advanced meanwhile: the error is about a settled message
                     delivery.lock_lost = True
                     _log.warning(
-                        "Service Bus lock renewal failed for message_id=%s sequence_number=%s "
-                        "(%s); it will not be settled and the broker redelivers it",
-                        delivery.message.message_id,
-                        delivery.message.sequence_number,
+                        "Service Bus lock renewal failed for %s (%s); it will not be settled "
+                        "and the broker redelivers it",
+                        _ids(delivery.message),
                         type(exc).__name__,
                     )
 
