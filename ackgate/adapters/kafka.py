@@ -377,6 +377,8 @@ class KafkaStreamProducer(SharedStreamProducer):
 
     async def _on_revoked(self, revoked: Iterable[Any]) -> None:
         parts = {tp: self._partitions[tp] for tp in revoked if tp in self._partitions}
+        if not parts:
+            return
         for part in parts.values():
             part.draining = True
         try:

@@ -50,7 +50,7 @@ async def main(bootstrap: str, topic: str, group: str, sink_dir: Path, subscribe
 
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    async with SharedStreamManager(cohort_grace_period=0.5) as manager:
+    async with SharedStreamManager(cohort_grace_period=0.5, overflow="block") as manager:
         runs = [
             asyncio.create_task(
                 manager.run_subscriber(

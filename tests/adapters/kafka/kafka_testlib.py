@@ -9,6 +9,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 
@@ -80,7 +81,13 @@ class KafkaTestCluster:
         """
         ends = await self.end_offsets(topic, partitions)
         while True:
-            committed = await self.committed(group)
+            try:
+                committed = await self.committed(group)
+            except KafkaError as exc:
+                # A fresh broker answers "coordinator not available" for a while.
+                if not exc.retriable:
+                    raise
+                committed = {}
             if all(committed.get(tp) == end for tp, end in ends.items()):
                 return committed
             await asyncio.sleep(0.2)

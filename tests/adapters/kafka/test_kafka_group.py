@@ -53,9 +53,11 @@ async def test_every_message_reaches_every_subscriber_and_commits_to_end(
     async with SharedStreamManager(cohort_grace_period=0.2) as manager:
         subs = {sid: manager.subscribe(topic, sid, producer=make) for sid in sinks}
         tasks = [asyncio.create_task(drain_into(subs[sid], sinks[sid])) for sid in sinks]
-        async with asyncio.timeout(180):
-            committed = await kafka.wait_committed_to_end(group, topic, partitions)
-        await stop(tasks)
+        try:
+            async with asyncio.timeout(180):
+                committed = await kafka.wait_committed_to_end(group, topic, partitions)
+        finally:
+            await stop(tasks)
 
     assert sum(committed.values()) == count
     for sid, sink in sinks.items():
@@ -107,9 +109,11 @@ async def test_rejects_land_in_dlq_and_failed_event_is_redelivered(
             asyncio.create_task(reject_some(manager.subscribe(topic, "picky", producer=make))),
             asyncio.create_task(crash_once()),
         ]
-        async with asyncio.timeout(120):
-            await kafka.wait_committed_to_end(group, topic, partitions)
-        await stop(tasks)
+        try:
+            async with asyncio.timeout(120):
+                await kafka.wait_committed_to_end(group, topic, partitions)
+        finally:
+            await stop(tasks)
 
     # Nothing lost for the subscribers that never left; the failed event came back.
     assert set(plain) == set(picky) == set(range(count))
