@@ -17,7 +17,11 @@ from azure.servicebus.exceptions import MessageLockLostError, ServiceBusError
 from fake_servicebus import FakeServiceBus
 
 from ackgate import SharedStreamManager, StreamTerminated, Subscription
-from ackgate.adapters.servicebus import DEAD_LETTER_REASON, ServiceBusStreamProducer
+from ackgate.adapters.servicebus import (
+    DEAD_LETTER_REASON,
+    NEXT_AVAILABLE_SESSION,
+    ServiceBusStreamProducer,
+)
 
 LOGGER = "ackgate.adapters.servicebus"
 OnEvent = Callable[[Subscription, Any], Awaitable[None]]
@@ -154,6 +158,26 @@ async def test_lanes_hold_back_a_session_but_not_other_messages(
             await task
     expected = seqs if sessions else [seqs[1], seqs[2], seqs[0], seqs[3]]
     assert bus.ops("complete") == expected
+
+
+async def test_next_available_sessions_are_read_one_after_another_in_order(
+    bus: FakeServiceBus,
+) -> None:
+    for body in ("a1", "a2", "a3"):
+        bus.send("s", body, session_id="A")
+    for body in ("b1", "b2"):
+        bus.send("s", body, session_id="B")
+    make = factory(bus, queue_name="s", session_id=NEXT_AVAILABLE_SESSION)
+    async with SharedStreamManager() as manager:
+        seen = await consume(manager.subscribe("k", "a", producer=make), 5)
+    assert [(m.session_id, str(m)) for m in seen] == [
+        ("A", "a1"),
+        ("A", "a2"),
+        ("A", "a3"),
+        ("B", "b1"),
+        ("B", "b2"),
+    ]
+    assert len(bus.entities["s"].completed) == 5 and bus.entities["s"].sessions == {}
 
 
 async def test_lock_renewal_keeps_a_slow_handlers_message(bus: FakeServiceBus) -> None:

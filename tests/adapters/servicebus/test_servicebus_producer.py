@@ -139,6 +139,34 @@ async def test_next_available_session_moves_on_once_a_session_is_done(
     await p.aclose()
 
 
+async def test_next_available_session_waits_out_an_empty_entity(bus: FakeServiceBus) -> None:
+    p = producer(bus, queue_name="s", session_id=NEXT_AVAILABLE_SESSION)
+    stream = open_stream(p)
+    first = asyncio.ensure_future(pull(stream, 1))
+    async with asyncio.timeout(5):  # several "no session available" timeouts go by
+        await bus.wait_until(lambda: sum(len(c.receivers) for c in bus.clients) >= 3)
+    assert not first.done()
+    bus.send("s", "late", session_id="Z")
+    [(message, payload)] = await first
+    assert (str(message), p.get_advance_lane(payload)) == ("late", "Z")
+    await stream.aclose()
+    await p.aclose()
+
+
+async def test_a_topic_subscription_is_read_and_settled(bus: FakeServiceBus) -> None:
+    bus.create_subscription("orders", "ours")
+    bus.create_subscription("orders", "theirs")
+    bus.send("orders", "o1")
+    p = producer(bus, queue_name=None, topic_name="orders", subscription_name="ours")
+    stream = open_stream(p)
+    [(_, payload)] = await pull(stream, 1)
+    await p.advance([AdvanceItem(payload, CLEAN)])
+    assert [m.body for m in bus.entities["orders/subscriptions/ours"].completed] == [b"o1"]
+    assert bus.entities["orders/subscriptions/theirs"].active_count() == 1
+    await stream.aclose()
+    await p.aclose()
+
+
 async def test_lock_renewal_keeps_a_slow_message(bus: FakeServiceBus) -> None:
     sequence_number = bus.send("q", "slow")
     p = producer(bus)
