@@ -221,9 +221,8 @@ async def consume(sub: Subscription, count: int, crash_on: str | None = None) ->
 
 
 def producer(connection_string: str, **options: Any) -> Any:
-    return lambda: ServiceBusStreamProducer(
-        connection_string=connection_string, max_wait_time=1.0, **options
-    )
+    options.setdefault("max_wait_time", 1.0)
+    return lambda: ServiceBusStreamProducer(connection_string=connection_string, **options)
 
 
 async def test_acked_events_are_completed(connection_string: str) -> None:
@@ -277,7 +276,12 @@ async def test_a_failed_event_is_abandoned_and_redelivered(connection_string: st
 async def test_sessions_keep_their_order_and_are_taken_in_turn(connection_string: str) -> None:
     await send(connection_string, "sessions", ["a1", "a2", "a3"], session_id="A")
     await send(connection_string, "sessions", ["b1", "b2"], session_id="B")
-    make = producer(connection_string, queue_name="sessions", session_id=NEXT_AVAILABLE_SESSION)
+    make = producer(
+        connection_string,
+        queue_name="sessions",
+        session_id=NEXT_AVAILABLE_SESSION,
+        max_wait_time=3.0,  # also bounds taking a session
+    )
     async with SharedStreamManager() as manager:
         seen = await consume(manager.subscribe("sessions", "x", producer=make), 5)
     by_session: dict[str, list[str]] = {}
