@@ -46,7 +46,7 @@ KEY = "demo"
 MALFORMED_RATE = 0.01
 # The notifier's downstream answers a burst of NOTIFY_BURST notifications per NOTIFY_PAUSE.
 NOTIFY_BURST = 20
-NOTIFY_PAUSE = 0.002
+NOTIFY_PAUSE = 0.003
 STALL_SECONDS = 30.0
 REFRESH_SECONDS = 0.1
 
@@ -113,7 +113,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ackgate-demo-") as scratch:
         db = opts.db if opts.db is not None else Path(scratch) / "index.sqlite3"
         demo = _Demo(opts.events, opts.partitions, opts.handlers, opts.crash_at, opts.seed, db)
-        summary = asyncio.run(demo.run(display))
+        try:
+            summary = asyncio.run(demo.run(display))
+        except KeyboardInterrupt:
+            display.abort()
+            print("ackgate demo: interrupted", file=sys.stderr)
+            return 130
     display.finish(summary)
     if opts.json:
         print(json.dumps(summary, indent=2))
@@ -299,7 +304,7 @@ class _Demo:
         problems: list[str] = []
         started = time.perf_counter()
         try:
-            async with SharedStreamManager(overflow="block", subscriber_queue_size=256,
+            async with SharedStreamManager(overflow="block", subscriber_queue_size=2048,
                                            cohort_grace_period=0.05) as manager:
                 tasks = [asyncio.create_task(self._supervise(manager, name), name=name)
                          for name in self.handlers]
@@ -404,6 +409,9 @@ class _Display:
     def finish(self, summary: dict[str, Any]) -> None:
         pass
 
+    def abort(self) -> None:
+        pass
+
 
 class _RichDisplay(_Display):
     """Live progress bars, then the summary table. Imports rich here, so the rest of
@@ -430,10 +438,14 @@ class _RichDisplay(_Display):
             self._bars = {key: self._progress.add_task(label, total=demo.events)
                           for key, label in rows.items()}
         stats = demo.stats()
-        self._progress.update(self._bars["broadcast"], completed=stats.delivered)
-        self._progress.update(self._bars["advanced"], completed=demo.committed_total())
-        for name in self._handlers:
-            self._progress.update(self._bars[name], completed=demo.handled[name])
+        done = {"broadcast": stats.delivered, "advanced": demo.committed_total(), **demo.handled}
+        for key, completed in done.items():
+            # Redeliveries can take a count past the number of events.
+            self._progress.update(self._bars[key], completed=completed,
+                                  total=max(demo.events, completed))
+
+    def abort(self) -> None:
+        self._progress.stop()
 
     def finish(self, summary: dict[str, Any]) -> None:
         from rich.table import Table
@@ -447,7 +459,7 @@ class _RichDisplay(_Display):
         rows = [
             ("events", f"{summary['events']} ({summary['malformed']} malformed)"),
             ("delivered", f"{summary['delivered']} ({summary['redelivered']} redelivered)"),
-            ("acked / failed / rejected",
+            ("resolutions acked / failed / rejected",
              f"{summary['acked']} / {summary['failed']} / {summary['rejected']}"),
             ("committed events", str(summary["committed_events"])),
             ("DLQ size", str(summary["dlq_size"])),
