@@ -440,7 +440,8 @@ class ServiceBusStreamProducer(SharedStreamProducer):
 
     async def _renew_locks(self) -> None:
         # Runs from open_stream until aclose. One failure loses one lock (or, for a
-        # session, the session), never the loop.
+        # session, the session), never the loop; each call is bounded by the margin
+        # so one hung renewal cannot let the other locks lapse.
         margin = timedelta(seconds=self._lock_renewal_margin)
         while True:
             await asyncio.sleep(self._lock_renewal_margin / 3)
@@ -458,7 +459,9 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                 ):
                     continue
                 try:
-                    await delivery.receiver.renew_message_lock(delivery.message)
+                    await delivery.receiver.renew_message_lock(
+                        delivery.message, timeout=self._lock_renewal_margin
+                    )
                 except Exception as exc:
                     if delivery.settling or delivery not in self._held:
                         continue  # advanced meanwhile: the error is about a settled message
@@ -475,7 +478,7 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         if session is None or session.locked_until_utc is None or session.locked_until_utc > due:
             return
         try:
-            await session.renew_lock()
+            await session.renew_lock(timeout=self._lock_renewal_margin)
         except Exception as exc:
             if receiver is not self._receiver:
                 return  # released by open_stream meanwhile

@@ -46,6 +46,11 @@ from azure.servicebus.exceptions import (
 _POLL = 0.02  # seconds between lock-expiry checks while a receive waits
 
 
+def _check_timeout(timeout: float | None) -> None:
+    if timeout is not None and timeout <= 0:
+        raise ValueError("The timeout must be greater than 0.")
+
+
 class ManualClock:
     """A UTC clock that moves only when told to."""
 
@@ -303,7 +308,8 @@ class FakeSession:
         lock = self._receiver.session_lock()
         return None if lock is None else lock.locked_until
 
-    async def renew_lock(self) -> datetime:
+    async def renew_lock(self, *, timeout: float | None = None) -> datetime:  # noqa: ASYNC109 - the SDK's signature
+        _check_timeout(timeout)
         bus = self._receiver.bus
         self._receiver.check_live()
         if bus.renew_faults:
@@ -466,7 +472,13 @@ class FakeReceiver:
         self.bus.move_to_dead_letter(self.entity, stored, reason, error_description)
         self.bus.notify()
 
-    async def renew_message_lock(self, message: FakeReceivedMessage) -> datetime:
+    async def renew_message_lock(
+        self,
+        message: FakeReceivedMessage,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - the SDK's signature
+    ) -> datetime:
+        _check_timeout(timeout)
         if self.session is not None:
             raise TypeError("Renewing message lock is an invalid operation with sessions.")
         stored = self._check_lock(message, "renew")
