@@ -101,11 +101,11 @@ class Record:
 class MemoryProducerStats:
     """What one :class:`MemoryStreamProducer` has done so far.
 
-    ``delivered`` counts every yielded record, ``redelivered`` those among them
-    the group had been given before (after a seek-back, or by an earlier producer). ``committed``,
-    ``dead_lettered``, ``held`` and ``discarded`` split the advanced events by what
-    happened to them; ``acked``, ``failed`` and ``rejected`` sum the subscriber
-    resolutions of every advanced event.
+    ``delivered`` counts every yielded record, ``redelivered`` those among them the
+    group had been given before (after a seek-back, or by an earlier producer).
+    ``committed``, ``dead_lettered``, ``held`` and ``discarded`` split the advanced
+    events by what happened to them; ``acked``, ``failed`` and ``rejected`` sum the
+    subscriber resolutions of every advanced event.
     """
 
     delivered: int = 0
