@@ -13,6 +13,8 @@ What each outcome does to the broker, per partition (the lane is ``(topic, parti
   ``ackgate.original.partition``, ``ackgate.original.offset`` and ``ackgate.reason``,
   and committed past only after the DLQ write is acknowledged. Without ``dlq_topic`` it
   is committed past and a WARNING names its offset: the event is dropped on purpose.
+  The DLQ is at-least-once too: if the partition is revoked between the DLQ write and
+  the commit, the new owner redelivers the event and it may be dead-lettered again.
 * **failed** by any subscriber, or broadcast to **zero** subscribers: *held*. The
   partition is committed up to just before it and sought back to it, so this process
   fetches it (and everything after it) again. Nothing past a held offset is committed
@@ -27,6 +29,8 @@ ackgate still hands to :meth:`~KafkaStreamProducer.advance` afterwards (offsets 
 ``F``, already fetched before the seek) are skipped, because the seek fetches each of
 them again under the new epoch. Subscribers therefore see those events twice
 (at-least-once); the broker is committed once, by the new epoch's copies, in order.
+A group whose subscribers are all force-failed keeps holding and refetching the same
+offset until a subscriber resolves it or the group stops (logged once at INFO).
 
 **Rebalance.** When partitions are revoked, records of those partitions are no longer
 yielded; the revoke callback waits up to ``rebalance_drain_timeout`` seconds for the
@@ -54,7 +58,7 @@ import itertools
 import logging
 from collections.abc import AsyncIterator, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ackgate._outcome import AdvanceItem, AdvanceOutcome
 from ackgate._producer import SharedStreamProducer
@@ -100,9 +104,11 @@ def _import_aiokafka() -> Any:
     return aiokafka
 
 
-@dataclass(frozen=True, slots=True)
-class _Delivery:
-    """The broker payload: the record, its partition and the epoch it was fetched in."""
+class _Delivery(NamedTuple):
+    """The broker payload: the record, its partition and the epoch it was fetched in.
+
+    A NamedTuple because one is built per record on the hot path.
+    """
 
     tp: Any
     record: Any
@@ -126,6 +132,9 @@ class _Partition:
     yielded_next: int | None = None
     # Offset after the last commit this consumer made in this assignment.
     committed_next: int | None = None
+    # Offset of the last hold; repeated holds at the same offset log at DEBUG only, so a
+    # group whose subscribers are all force-failed does not flood the log.
+    held_at: int | None = None
 
     def drained(self) -> bool:
         """True when everything yielded in this epoch is committed (or can never be)."""
@@ -370,6 +379,7 @@ class KafkaStreamProducer(SharedStreamProducer):
             part.new_epoch(next(self._epochs))
             part.owned = True
             part.committed_next = None
+            part.held_at = None
         else:
             return part
         log.info("Partition assigned %s-%d group=%s", tp.topic, tp.partition, self._group_id)
@@ -458,12 +468,14 @@ class KafkaStreamProducer(SharedStreamProducer):
         # committed offset (this one) anyway; seeking an outgoing partition is moot.
         if not part.draining:
             self._consumer.seek(tp, offset)
-        log.info(
+        log.log(
+            logging.DEBUG if part.held_at == offset else logging.INFO,
             "Holding %s-%d at offset %d (failed or unsubscribed); redelivering from there",
             tp.topic,
             tp.partition,
             offset,
         )
+        part.held_at = offset
 
     def _translate(self, exc: BaseException, what: str) -> Exception:
         message = f"Kafka {what} (group={self._group_id!r}, servers={self._bootstrap_servers!r})"

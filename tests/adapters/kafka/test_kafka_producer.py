@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -69,6 +70,38 @@ def test_deserializers_with_dlq_are_refused() -> None:
             dlq_topic="dlq",
             value_deserializer=bytes.decode,
         )
+
+
+async def test_missing_aiokafka_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "aiokafka", None)
+    producer = KafkaStreamProducer("t", bootstrap_servers="127.0.0.1:1", group_id="g")
+    with pytest.raises(ImportError, match=r"pip install 'ackgate\[kafka\]'"):
+        await anext(producer.open_stream())
+    await producer.aclose()
+
+
+async def test_poll_error_ends_the_stream_loudly(
+    kafka: KafkaTestCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic, group = kafka.unique("poll"), kafka.unique("g")
+    await kafka.create_topic(topic, 1)
+    await kafka.produce(topic, 1, 1)
+    producer = KafkaStreamProducer(topic, bootstrap_servers=kafka.bootstrap, group_id=group)
+    stream = producer.open_stream()
+    try:
+        await puller(stream)(1)
+
+        async def broken(**kwargs: Any) -> None:
+            raise KafkaError("injected")
+
+        producer._consumer.getmany = broken
+        with pytest.raises(RuntimeError, match="poll failed") as info:
+            await anext(stream)
+        assert isinstance(info.value.__cause__, KafkaError)
+        assert f"Kafka poll failed group={group}" in caplog.text
+    finally:
+        await stream.aclose()
+        await producer.aclose()
 
 
 async def test_bad_bootstrap_is_a_clear_connection_error() -> None:

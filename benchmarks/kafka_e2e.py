@@ -1,0 +1,169 @@
+"""End-to-end Kafka throughput: plain aiokafka vs ackgate with 1 and 4 subscribers.
+
+    python benchmarks/kafka_e2e.py [--bootstrap HOST:PORT] [--messages 100000]
+
+Without ``--bootstrap`` (or ``ACKGATE_KAFKA_BOOTSTRAP``) it starts a local KRaft broker
+the way the tests do (jars fetched by Maven into ``~/.cache/ackgate``). It writes one
+topic of ``--messages`` records, then consumes all of it from the start in a fresh
+consumer group per run:
+
+* **plain aiokafka**: ``getmany`` and one manual ``commit`` per fetched batch;
+* **ackgate xN**: one :class:`KafkaStreamProducer` group, N subscribers that each read
+  every record; the run ends when the last subscriber left and the group stopped
+  (final commits done, consumer closed).
+
+Time runs from the first record received to the end, so group joins do not count.
+Each run checks afterwards that the committed offsets reached the end of the topic.
+Not part of the test run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.structs import TopicPartition
+
+from ackgate import SharedStreamManager, Subscription
+from ackgate.adapters.kafka import KafkaStreamProducer
+
+KAFKA_TESTS = Path(__file__).resolve().parents[1] / "tests" / "adapters" / "kafka"
+
+
+async def fill_topic(bootstrap: str, topic: str, messages: int, partitions: int, size: int) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, partitions, 1)])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=262144)
+    await producer.start()
+    try:
+        payload = b"x" * size
+        pending = [await producer.send(topic, payload) for _ in range(messages)]
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+
+
+async def committed_to_end(bootstrap: str, group: str, topic: str, partitions: int) -> bool:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        ends = await consumer.end_offsets(tps)
+        return [await consumer.committed(tp) for tp in tps] == [ends[tp] for tp in tps]
+    finally:
+        await consumer.stop()
+
+
+async def plain_aiokafka(bootstrap: str, topic: str, messages: int) -> tuple[float, str]:
+    group = f"bench-plain-{uuid.uuid4().hex[:8]}"
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
+    await consumer.start()
+    seen, volume, started = 0, 0, 0.0
+    try:
+        while seen < messages:
+            batch = await consumer.getmany(timeout_ms=1000)
+            if batch and not started:
+                started = time.perf_counter()
+            offsets = {}
+            for tp, records in batch.items():
+                for record in records:
+                    volume += len(record.value)
+                seen += len(records)
+                offsets[tp] = records[-1].offset + 1
+            if offsets:
+                await consumer.commit(offsets)
+    finally:
+        await consumer.stop()
+    return time.perf_counter() - started, group
+
+
+async def with_ackgate(
+    bootstrap: str, topic: str, messages: int, subscribers: int
+) -> tuple[float, str]:
+    group = f"bench-ackgate-{uuid.uuid4().hex[:8]}"
+    first: list[float] = []
+
+    def make() -> KafkaStreamProducer:
+        return KafkaStreamProducer(topic, bootstrap_servers=bootstrap, group_id=group)
+
+    async def read_all(sub: Subscription) -> None:
+        seen, volume = 0, 0
+        async with sub:
+            async for record in sub:
+                if not first:
+                    first.append(time.perf_counter())
+                volume += len(record.value)
+                seen += 1
+                if seen == messages:
+                    return  # leave cleanly: done with the last record
+
+    async with SharedStreamManager() as manager:
+        subs: list[Any] = [
+            manager.subscribe(topic, f"sub-{i}", producer=make) for i in range(subscribers)
+        ]
+        await asyncio.gather(*(read_all(sub) for sub in subs))
+        ended = time.perf_counter()
+    return ended - first[0], group
+
+
+async def bench(bootstrap: str, messages: int, partitions: int, size: int) -> None:
+    topic = f"bench-{uuid.uuid4().hex[:8]}"
+    await fill_topic(bootstrap, topic, messages, partitions, size)
+    runs: list[tuple[str, float]] = []
+    for name, run in (
+        ("plain aiokafka", lambda: plain_aiokafka(bootstrap, topic, messages)),
+        ("ackgate, 1 subscriber", lambda: with_ackgate(bootstrap, topic, messages, 1)),
+        ("ackgate, 4 subscribers", lambda: with_ackgate(bootstrap, topic, messages, 4)),
+    ):
+        seconds, group = await run()
+        if not await committed_to_end(bootstrap, group, topic, partitions):
+            raise SystemExit(f"{name}: committed offsets did not reach the end of the topic")
+        runs.append((name, messages / seconds))
+    baseline = runs[0][1]
+    print(f"\n{messages:,} messages of {size} B, {partitions} partitions, broker {bootstrap}")
+    print(f"{'consumer':<24} {'messages/s':>12} {'vs plain':>9}")
+    for name, rate in runs:
+        print(f"{name:<24} {rate:>12,.0f} {rate / baseline:>8.0%}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bootstrap", default=os.environ.get("ACKGATE_KAFKA_BOOTSTRAP"))
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--size", type=int, default=100, help="record value size in bytes")
+    args = parser.parse_args()
+    if args.bootstrap:
+        asyncio.run(bench(args.bootstrap, args.messages, args.partitions, args.size))
+        return
+    sys.path.insert(0, str(KAFKA_TESTS))
+    from kafka_broker import LocalKafkaBroker
+
+    with tempfile.TemporaryDirectory() as workdir:
+        # Full JIT and a bigger heap than in the tests: this measures throughput.
+        java_opts = ("-Xms512m", "-Xmx1g")
+        with LocalKafkaBroker(Path(workdir), java_opts=java_opts) as broker:
+            asyncio.run(bench(broker.bootstrap, args.messages, args.partitions, args.size))
+
+
+if __name__ == "__main__":
+    main()
