@@ -119,10 +119,13 @@ class _Delivery(NamedTuple):
 class _Partition:
     """This consumer's view of one partition.
 
-    Invariants (tests: ``test_failed_event_is_redelivered``, ``test_rebalance_*``):
-    only deliveries whose ``epoch`` equals ``self.epoch`` are ever committed, and only
-    while ``owned``; ``committed_next`` only grows within one assignment. The epoch
-    changes on every assignment, revocation and hold.
+    Invariants: only deliveries whose ``epoch`` equals ``self.epoch`` are ever
+    committed, and only while ``owned`` (checked under the producer's lock);
+    ``committed_next`` only grows within one assignment (asserted in ``_commit``). The
+    epoch changes on every assignment, revocation and hold. Tests:
+    ``test_acked_commits_once_per_batch_and_failed_is_held_then_redelivered``,
+    ``test_rebalance_drains_resolved_prefix_and_never_commits_revoked``,
+    ``test_consumer_joins_and_leaves_mid_stream``.
     """
 
     epoch: int
@@ -447,6 +450,7 @@ class KafkaStreamProducer(SharedStreamProducer):
             raise self._translate(exc, "DLQ write failed") from exc
 
     async def _commit(self, tp: Any, part: _Partition, offset: int) -> None:
+        assert part.owned and (part.committed_next is None or offset > part.committed_next)
         try:
             await self._consumer.commit({tp: offset})
         except self._errors.KafkaError as exc:

@@ -14,7 +14,9 @@ import base64
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -27,6 +29,18 @@ POM = Path(__file__).resolve().parent / "pom.xml"
 START_TIMEOUT = 120.0
 # Small heap and C1 only: the tests are short and the machine is shared.
 TEST_JAVA_OPTS = ("-Xms128m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
+
+
+def _die_with_parent() -> None:
+    """In the forked child: on Linux, get SIGTERM when the process that started us dies.
+
+    So a test run that is killed outright does not leave a broker behind.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 class BrokerError(RuntimeError):
@@ -147,6 +161,7 @@ class LocalKafkaBroker:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         try:
             self._wait_ready()
