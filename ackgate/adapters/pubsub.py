@@ -6,7 +6,7 @@ unary ``pull`` in the group's poll task, no thread per message.
 
 What each outcome does to the broker (the ``AdvanceOutcome`` of one message):
 
-* **clean** (every subscriber acked) -> ``acknowledge``, ack ids batched per call.
+* **clean** (every subscriber acked) -> ``acknowledge``.
 * **failed** by anyone, or broadcast to **zero** subscribers -> nack
   (``modify_ack_deadline`` to 0) so Pub/Sub redelivers it promptly. A failure wins
   over a rejection: the subscriber that did not handle the message gets it again.
@@ -17,6 +17,12 @@ What each outcome does to the broker (the ``AdvanceOutcome`` of one message):
   dead-letter topic once ``max_delivery_attempts`` is reached (until then it is
   redelivered and rejected again; on a subscription without such a policy it comes
   back forever).
+
+Acks and nacks are sent by a background task, coalesced across lanes and batches
+(whatever was queued while one call was in flight goes out in the next, up to 1000 ack
+ids a call), in the order ``advance`` queued them; ``advance`` returns once its
+settlements are queued. A failed send is logged at ERROR, ends the group at the next
+``advance`` or pull, and its messages are nacked on close: redelivered, never lost.
 
 Lanes: the message's ordering key when it has one (enable message ordering on the
 subscription to get the server's per-key order), else each message is its own lane,
@@ -71,7 +77,7 @@ try:
     from google.pubsub_v1 import (
         PublisherAsyncClient,
         PubsubMessage,
-        ReceivedMessage,
+        PullResponse,
         SubscriberAsyncClient,
     )
     from google.pubsub_v1.services.publisher.transports import PublisherGrpcAsyncIOTransport
@@ -98,6 +104,8 @@ _UNLIMITED_MESSAGES = [
 ]
 
 AckCall = Callable[[list[str]], Awaitable[None]]
+# A protobuf google.pubsub.v1.ReceivedMessage (the SDK types it loosely).
+Received = Any
 
 
 class PubSubError(AckGateError):
@@ -107,10 +115,13 @@ class PubSubError(AckGateError):
 class PubSubStreamProducer(SharedStreamProducer):
     """Share one Pub/Sub pull subscription among a group's subscribers.
 
-    ``open_stream`` yields ``(received_message, received_message)``: the SDK's
-    ``google.pubsub_v1.ReceivedMessage`` (``.message.data``, ``.message.attributes``,
-    ``.message.message_id``, ``.message.ordering_key``, ``.delivery_attempt``) is
-    both the raw event and the broker payload. Settle it only through ackgate.
+    ``open_stream`` yields ``(received, received)``: the protobuf
+    ``google.pubsub.v1.ReceivedMessage`` as pulled (``.message.data``,
+    ``.message.attributes``, ``.message.message_id``, ``.message.ordering_key``,
+    ``.message.publish_time``, ``.delivery_attempt``) is both the raw event and the
+    broker payload. It is the plain protobuf message, not the SDK's proto-plus
+    wrapper, whose attribute access costs more than the rest of the path per event.
+    Settle it only through ackgate.
 
     Arguments: ``subscription`` and ``dlq_topic`` are full resource names
     (``projects/P/subscriptions/S``, ``projects/P/topics/T``). ``max_messages`` (1-1000)
@@ -162,17 +173,24 @@ class PubSubStreamProducer(SharedStreamProducer):
         self._subscriber: SubscriberAsyncClient | None = None
         self._publisher: PublisherAsyncClient | None = None
         self._lease_task: asyncio.Task[None] | None = None
-        # Invariant: holds exactly the messages pulled and not yet advanced (or nacked
-        # in aclose), as ack id -> monotonic time their current lease runs out.
+        # Invariant: holds exactly the messages pulled and not yet settled (acked or
+        # nacked), as ack id -> monotonic time their current lease runs out.
         self._leases: dict[str, float] = {}
+        # Settlements advance queued (ack id -> acknowledge, else nack), and those the
+        # flush task is sending. Both are subsets of _leases.
+        self._queued: dict[str, bool] = {}
+        self._sending: dict[str, bool] = {}
+        self._flush_task: asyncio.Task[None] | None = None
+        self._broken: PubSubError | None = None
         # Message ids by ack id, only so that failures can be logged by message id.
         self._message_ids: dict[str, str] = {}
         self._room = asyncio.Event()
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         """The ordering key, or the ack id (its own lane) when the key is empty."""
-        message: ReceivedMessage = broker_payload
-        return message.message.ordering_key or message.ack_id
+        received: Received = broker_payload
+        lane: str = received.message.ordering_key or received.ack_id
+        return lane
 
     async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
         """Connect, then long-poll the subscription forever.
@@ -188,52 +206,42 @@ class PubSubStreamProducer(SharedStreamProducer):
             while len(self._leases) >= self._max_outstanding:
                 self._room.clear()
                 await self._room.wait()
-            self._raise_if_lease_task_died()
+            self._raise_if_broken()
             room = self._max_outstanding - len(self._leases)
             received = await self._pull(subscriber, min(self._max_messages, room))
             for message in await self._lease_on_receipt(received):
                 yield message, message
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
-        """Settle one lane's batch: acknowledge, dead-letter or nack each message.
+        """Dead-letter what needs it, then queue each message's ack or nack.
 
-        Raises :class:`PubSubError` when a call fails outright (after the SDK's own
-        retries); the group then ends and Pub/Sub redelivers what was not settled.
-        Cancellation: calls already sent stand; the rest is redelivered.
+        Returns once the settlements are queued: a background task sends them
+        coalesced with those of other lanes (unkeyed messages are one-message lanes,
+        so a call per batch would mean a call per message). Raises
+        :class:`PubSubError` when a dead-letter publish fails, or when an earlier
+        send failed (logged at ERROR when it happened); the group then ends and what
+        was not settled is nacked in :meth:`aclose`. Cancellation: only the
+        dead-letter publish awaits; its messages stay leased and are nacked on close.
         """
-        acks: list[str] = []
-        nacks: list[str] = []
-        dead: list[tuple[ReceivedMessage, AdvanceOutcome]] = []
-        # Taken off the lease table first so the lease task stops extending them.
-        settling: dict[str, float] = {}
+        self._raise_if_broken()
+        settle: dict[str, bool] = {}  # ack id -> acknowledge (True) or nack (False)
+        dead: list[tuple[Received, AdvanceOutcome]] = []
         for payload, outcome in batch:
-            message: ReceivedMessage = payload
-            settling[message.ack_id] = self._leases.pop(message.ack_id, math.inf)
-            if outcome.is_clean:
-                acks.append(message.ack_id)
-            elif outcome.failed == 0 and outcome.rejected > 0:
+            message: Received = payload
+            if outcome.failed == 0 and outcome.rejected > 0:
                 dead.append((message, outcome))
-            else:
-                nacks.append(message.ack_id)
-        try:
-            if dead and self._dlq_topic is not None:
-                await self._publish_dead_letters(dead)
-                acks.extend(message.ack_id for message, _ in dead)
-            else:
-                nacks.extend(message.ack_id for message, _ in dead)
-            refused = await self._settle("acknowledge", self._acknowledge, acks)
-            refused.update(await self._settle("nack", self._nack, nacks))
-        except BaseException:
-            self._leases.update(settling)  # not settled: aclose nacks them
-            raise
-        self._log_refused("settlement", refused)
-        for ack_id in settling:
-            self._message_ids.pop(ack_id, None)
-        if len(self._leases) < self._max_outstanding:
-            self._room.set()
+            settle[message.ack_id] = outcome.is_clean
+        if dead and self._dlq_topic is not None:
+            await self._publish_dead_letters(dead)
+            settle.update((message.ack_id, True) for message, _ in dead)
+        self._queued.update(settle)
+        if self._flush_task is None or self._flush_task.done():
+            self._flush_task = asyncio.get_running_loop().create_task(
+                self._flush(), name=f"ackgate pubsub settlements {self._subscription}"
+            )
 
     async def aclose(self) -> None:
-        """Stop the leases, nack what was never advanced, close both clients.
+        """Send the queued settlements, nack what was never advanced, close both clients.
 
         Best-effort: a failed nack is logged (those messages come back when their
         lease runs out) and the clients are closed regardless.
@@ -241,6 +249,8 @@ class PubSubStreamProducer(SharedStreamProducer):
         if self._lease_task is not None:
             self._lease_task.cancel()
             await asyncio.gather(self._lease_task, return_exceptions=True)
+        if self._flush_task is not None:
+            await asyncio.gather(self._flush_task, return_exceptions=True)
         abandoned = list(self._leases)
         self._leases.clear()
         self._message_ids.clear()
@@ -265,6 +275,43 @@ class PubSubStreamProducer(SharedStreamProducer):
             finally:
                 if publisher is not None:
                     await _close(publisher.transport)
+
+    async def _flush(self) -> None:
+        """Send queued settlements until none is left. Caller: the task made in advance.
+
+        Whatever is queued while a call is in flight goes out together in the next.
+        """
+        while self._queued:
+            sending, self._queued = self._queued, {}
+            self._sending = sending
+            try:
+                refused = await self._settle(
+                    "acknowledge", self._acknowledge, [a for a, ok in sending.items() if ok]
+                )
+                refused.update(
+                    await self._settle(
+                        "nack", self._nack, [a for a, ok in sending.items() if not ok]
+                    )
+                )
+            except PubSubError as exc:
+                # Still leased, so aclose nacks them; the group ends at the next advance.
+                self._broken = exc
+                self._queued.clear()
+                logger.error(
+                    "Settling %d messages on %s failed: %s; they will be redelivered",
+                    len(sending),
+                    self._subscription,
+                    exc.__cause__,
+                )
+                return
+            finally:
+                self._sending = {}
+            self._log_refused("settlement", refused)
+            for ack_id in sending:
+                self._leases.pop(ack_id, None)
+                self._message_ids.pop(ack_id, None)
+            if len(self._leases) < self._max_outstanding:
+                self._room.set()
 
     def _connect(self) -> None:
         if _SDK_MISSING is not None:
@@ -298,9 +345,7 @@ class PubSubStreamProducer(SharedStreamProducer):
             self._extend_leases(), name=f"ackgate pubsub leases {self._subscription}"
         )
 
-    async def _pull(
-        self, subscriber: SubscriberAsyncClient, max_messages: int
-    ) -> list[ReceivedMessage]:
+    async def _pull(self, subscriber: SubscriberAsyncClient, max_messages: int) -> list[Received]:
         try:
             response = await subscriber.pull(
                 subscription=self._subscription,
@@ -311,9 +356,9 @@ class PubSubStreamProducer(SharedStreamProducer):
             return []  # the long-poll ran out with nothing to deliver
         except gexc.GoogleAPIError as exc:
             raise PubSubError(f"pull from {self._subscription} failed: {exc}") from exc
-        return list(response.received_messages)
+        return list(PullResponse.pb(response).received_messages)
 
-    async def _lease_on_receipt(self, received: list[ReceivedMessage]) -> list[ReceivedMessage]:
+    async def _lease_on_receipt(self, received: list[Received]) -> list[Received]:
         """Take the lease on freshly pulled messages; drop those the server refused."""
         if not received:
             return []
@@ -335,7 +380,13 @@ class PubSubStreamProducer(SharedStreamProducer):
         while True:
             await asyncio.sleep(self._ack_deadline / 4)
             now = time.monotonic()
-            due = [a for a, until in self._leases.items() if until - now < self._ack_deadline / 2]
+            due = [
+                ack_id
+                for ack_id, until in self._leases.items()
+                if until - now < self._ack_deadline / 2
+                and ack_id not in self._queued
+                and ack_id not in self._sending
+            ]
             if not due:
                 continue
             for ack_id in due:
@@ -357,15 +408,18 @@ class PubSubStreamProducer(SharedStreamProducer):
             for ack_id in lapsed:
                 self._leases[ack_id] = math.inf  # lost for good: stop extending it
 
-    def _raise_if_lease_task_died(self) -> None:
+    def _raise_if_broken(self) -> None:
+        if self._broken is not None:
+            raise PubSubError(f"settling messages on {self._subscription} failed") from (
+                self._broken.__cause__
+            )
         task = self._lease_task
         if task is not None and task.done() and not task.cancelled():
-            error = task.exception()
-            raise PubSubError(f"lease extension on {self._subscription} stopped") from error
+            raise PubSubError(f"lease extension on {self._subscription} stopped") from (
+                task.exception()
+            )
 
-    async def _publish_dead_letters(
-        self, dead: list[tuple[ReceivedMessage, AdvanceOutcome]]
-    ) -> None:
+    async def _publish_dead_letters(self, dead: list[tuple[Received, AdvanceOutcome]]) -> None:
         assert self._publisher is not None and self._dlq_topic is not None
         by_key: dict[str, list[PubsubMessage]] = {}
         for received, outcome in dead:
