@@ -484,9 +484,9 @@ class _RichDisplay(_Display):
         rows = [
             ("events", f"{summary['events']} ({summary['malformed']} malformed)"),
             ("delivered", f"{summary['delivered']} ({summary['redelivered']} redelivered)"),
-            ("resolutions acked / failed / rejected",
-             f"{summary['acked']} / {summary['failed']} / {summary['rejected']}"),
-            ("committed events", str(summary["committed_events"])),
+            ("handler resolutions", f"{summary['acked']} acked, {summary['failed']} failed,"
+                                    f" {summary['rejected']} rejected"),
+            ("acked by all handlers", str(summary["committed_events"])),
             ("DLQ size", str(summary["dlq_size"])),
             ("holds (seek-backs)", str(summary["holds"])),
             ("indexer rows", f"{summary['indexer_rows']}"
@@ -500,8 +500,12 @@ class _RichDisplay(_Display):
             table.add_row(label, value)
         self._console.print(table)
         if summary["balanced"]:
-            self._console.print("[green]The books balance: every event is committed or"
-                                " dead-lettered, and indexed exactly once.[/]")
+            indexed = summary["indexer_rows"]
+            self._console.print(
+                f"[green]Books balance: {summary['events']} committed"
+                f" ({summary['dlq_size']} dead-lettered)"
+                + ("" if indexed is None else f"; {indexed} indexed exactly once") + ".[/]"
+            )
         else:
             for problem in summary["discrepancies"]:
                 self._console.print(f"[red]Discrepancy: {problem}[/]")

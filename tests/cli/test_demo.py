@@ -148,7 +148,7 @@ def test_python_m_ackgate_demo_with_progress_and_crash(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "notifier crashed on its event 200" in done.stdout
     assert "committed offsets" in done.stdout
-    assert "The books balance" in done.stdout
+    assert "Books balance: 1000 committed" in done.stdout
 
 
 def test_bad_option_as_a_subprocess(tmp_path: Path) -> None:
