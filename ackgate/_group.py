@@ -265,23 +265,27 @@ class Group:
         # subscribers get to read before their queues fill up.
         fairness = max(1, self._queue_size // 4)
         blocking = self._config.overflow == "block"
+        ack_mode = self.ack_mode
         since_yield = 0
         try:
             async for item in stream:
                 if self.terminal is not None:
                     break
-                if not (isinstance(item, tuple) and len(item) == 2):
-                    raise TypeError(
-                        "open_stream must yield (raw_event, broker_payload) pairs, "
-                        f"got {type(item).__name__}"
-                    )
-                raw, payload = item
-                lane_key = get_lane(payload) if get_lane is not None else None
                 if blocking and self._queue_size <= self.log.head - self._min_cursor_hint:
                     await self._make_room()
                     if self.terminal is not None:
                         break
-                self._broadcast(raw, payload, lane_key)
+                if not ack_mode:
+                    self._broadcast(item, None, None)
+                elif not (isinstance(item, tuple) and len(item) == 2):
+                    raise TypeError(
+                        "open_stream must yield (raw_event, broker_payload) pairs, "
+                        f"got {type(item).__name__}"
+                    )
+                else:
+                    raw, payload = item
+                    lane_key = get_lane(payload) if get_lane is not None else None
+                    self._broadcast(raw, payload, lane_key)
                 since_yield += 1
                 if since_yield >= fairness:
                     since_yield = 0
