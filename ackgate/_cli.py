@@ -1,18 +1,12 @@
 """The ``ackgate`` command: ``ackgate demo`` runs the whole pipeline on the embedded broker.
 
-The demo publishes N JSON events (about 1 % of them torn mid-record) into a
+The demo publishes JSON events (about 1 % torn mid-record) into a
 :class:`~ackgate.adapters.memory.MemoryBroker` and reads them through one shared
-stream with up to three handlers: the *indexer* persists every valid event into
-a SQLite table through the runner's sink (bind, store, confirm), the *auditor*
-rejects malformed events (they end in ``<topic>.dlq``), and the *notifier* sends
-a notification per valid event to a deliberately slow downstream. It stops once
-the group has committed past every event, then checks the books: the committed
-offsets and the dead-letter topic account for every published event, and the
-indexer's table holds every valid event exactly once.
-
-Exit status: 0 when the books balance, 1 when they do not (or the run failed),
-2 for bad options. Progress bars and the summary table need ``rich`` (the
-``cli`` extra); ``--json`` prints the summary as JSON and needs nothing.
+stream: the *indexer* stores valid events in SQLite through the runner's sink
+(bind, store, confirm), the *auditor* rejects malformed ones (``<topic>.dlq``), the
+*notifier* feeds a slow downstream. Once the group has committed past every event
+it checks the books. Exit 0 when they balance, 1 when not, 2 for bad options.
+Progress bars need ``rich`` (the ``cli`` extra); ``--json`` needs nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +21,6 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -146,11 +139,9 @@ def _parse(raw: bytes) -> tuple[int, str, int] | None:
         doc = json.loads(raw)
     except ValueError:
         return None
-    if not isinstance(doc, dict):
-        return None
-    fields = doc.get("id"), doc.get("user"), doc.get("amount")
-    if isinstance(fields[0], int) and isinstance(fields[1], str) and isinstance(fields[2], int):
-        return fields[0], fields[1], fields[2]
+    match doc:
+        case {"id": int(event_id), "user": str(user), "amount": int(amount)}:
+            return event_id, user, amount
     return None
 
 
@@ -182,7 +173,8 @@ class _Store:
         return result
 
     async def close(self) -> None:
-        await self._call(self._close)
+        if self._conn is not None:
+            await self._call(self._conn.close)
         self._pool.shutdown()
 
     def _open(self) -> None:
@@ -207,18 +199,6 @@ class _Store:
         [(extra,)] = self._conn.execute("SELECT COALESCE(SUM(deliveries - 1), 0) FROM events")
         return ids, int(extra)
 
-    def _close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-
-
-@dataclass
-class _Published:
-    """What the books are checked against."""
-
-    malformed: set[Position] = field(default_factory=set)
-    valid_ids: set[int] = field(default_factory=set)
-
 
 class _Demo:
     """One run: the broker, the handlers, their counters and the books."""
@@ -235,12 +215,14 @@ class _Demo:
         self.handled = dict.fromkeys(self.handlers, 0)
         self.crashes = 0
         self.notified = 0
+        # What the books are checked against, filled by publish().
+        self.malformed: set[Position] = set()
+        self.valid_ids: set[int] = set()
         self._producers: list[MemoryStreamProducer] = []
         self._note: Callable[[str], None] = lambda _: None
 
-    def publish(self) -> _Published:
+    def publish(self) -> None:
         rng = random.Random(self.seed)
-        published = _Published()
         self.broker.create_topic(TOPIC, self.partitions)
         for n in range(self.events):
             user = f"user-{rng.randrange(1000)}"
@@ -250,10 +232,9 @@ class _Demo:
                 body = body[: len(body) // 2]  # torn mid-record
             position = self.broker.publish(TOPIC, body, key=user)
             if malformed:
-                published.malformed.add(position)
+                self.malformed.add(position)
             else:
-                published.valid_ids.add(n)
-        return published
+                self.valid_ids.add(n)
 
     def producer(self) -> MemoryStreamProducer:
         producer = MemoryStreamProducer(self.broker, TOPIC, GROUP)
@@ -320,7 +301,7 @@ class _Demo:
                 return
 
     async def run(self, display: _Display) -> dict[str, Any]:
-        published = self.publish()
+        self.publish()
         self._note = display.note
         await self.store.open()
         problems: list[str] = []
@@ -346,8 +327,8 @@ class _Demo:
         finally:
             await self.store.close()
         display.update(self)
-        problems += self._check_books(published, ids)
-        return self._summary(published, elapsed, len(ids), duplicates, problems)
+        problems += self._check_books(ids)
+        return self._summary(elapsed, len(ids), duplicates, problems)
 
     async def _wait_until_drained(self, tasks: list[asyncio.Task[None]],
                                   display: _Display) -> list[str]:
@@ -368,7 +349,7 @@ class _Demo:
         finally:
             drained.cancel()
 
-    def _check_books(self, published: _Published, ids: set[int]) -> list[str]:
+    def _check_books(self, ids: set[int]) -> list[str]:
         problems = []
         committed = self.broker.committed(TOPIC, GROUP)
         for partition, end in self.broker.end_offsets(TOPIC).items():
@@ -378,26 +359,26 @@ class _Demo:
         origins = [record.origin for record in self.broker.records(TOPIC + ".dlq")]
         if len(set(origins)) != len(origins):
             problems.append(f"the DLQ holds {len(origins) - len(set(origins))} duplicates")
-        expected = published.malformed if "auditor" in self.handlers else set()
+        expected = self.malformed if "auditor" in self.handlers else set()
         if missing := len(expected - set(origins)):
             problems.append(f"{missing} malformed events are missing from the DLQ")
         if extra := len(set(origins) - expected):
             problems.append(f"{extra} events are in the DLQ but should not be")
         if "indexer" in self.handlers:
-            if unindexed := sorted(published.valid_ids - ids):
+            if unindexed := sorted(self.valid_ids - ids):
                 problems.append(f"{len(unindexed)} valid events are missing from the index,"
                                 f" first ids {unindexed[:5]}")
-            if extra := len(ids - published.valid_ids):
+            if extra := len(ids - self.valid_ids):
                 problems.append(f"the index holds {extra} events it should not")
         return problems
 
-    def _summary(self, published: _Published, elapsed: float, rows: int, duplicates: int,
+    def _summary(self, elapsed: float, rows: int, duplicates: int,
                  problems: list[str]) -> dict[str, Any]:
         stats = self.stats()
         committed = self.broker.committed(TOPIC, GROUP)
         return {
             "events": self.events,
-            "malformed": len(published.malformed),
+            "malformed": len(self.malformed),
             "partitions": self.partitions,
             "handlers": list(self.handlers),
             "seed": self.seed,
