@@ -321,21 +321,22 @@ class Group:
 
     def _broadcast(self, raw: Any, payload: Any, lane_key: Hashable) -> None:
         log = self.log
-        snapshot = len(self.active)
         if self.ack_mode:
             lane = self.tracker.lane_for(lane_key)  # TypeError if unhashable
             now = self._clock()
+            unresolved = self._unresolved
+            if unresolved and now - unresolved[0].broadcast_at >= self._ack_timeout:
+                self._expire()  # before the snapshot: the expired are not in it
+            snapshot = len(self.active)
             event = Event(log.head, raw, payload, lane_key, lane, snapshot, now)
             self.tracker.add(event)
             if snapshot:
-                unresolved = self._unresolved
-                if unresolved:
-                    if now - unresolved[0].broadcast_at >= self._ack_timeout:
-                        self._expire()
-                elif self._timer_wakeup is not None and not self._timer_wakeup.done():
-                    self._timer_wakeup.set_result(None)
+                if not unresolved and self._timer_wakeup is not None:
+                    if not self._timer_wakeup.done():
+                        self._timer_wakeup.set_result(None)
                 unresolved.append(event)
         else:
+            snapshot = len(self.active)
             event = Event(log.head, raw, None, None, None, snapshot, 0.0)
         log.append(event)
         if snapshot and log.head - self._min_cursor_hint > self._queue_size:
