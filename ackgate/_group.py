@@ -331,9 +331,9 @@ class Group:
             event = Event(log.head, raw, payload, lane_key, lane, snapshot, now)
             self.tracker.add(event)
             if snapshot:
-                if not unresolved and self._timer_wakeup is not None:
-                    if not self._timer_wakeup.done():
-                        self._timer_wakeup.set_result(None)
+                wakeup = self._timer_wakeup
+                if not unresolved and wakeup is not None and not wakeup.done():
+                    wakeup.set_result(None)
                 unresolved.append(event)
         else:
             snapshot = len(self.active)
