@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
+
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from ackgate._subscription import Subscription
 
-Handler = Callable[[Subscription], AsyncIterator[Any]]
+Handler = Callable[[Subscription], AsyncIterator[Any] | Awaitable[None]]
 Sink = Callable[[Any], Awaitable[object]]
 
 
@@ -25,10 +27,13 @@ async def drive(
     """
     async with subscription:
         outputs = handle(subscription)
+        if inspect.isawaitable(outputs):  # a coroutine function: no outputs to persist
+            await outputs
+            return
         if not hasattr(outputs, "__anext__"):
             raise TypeError(
-                "handle must be an async generator function taking the subscription, "
-                f"got a call returning {type(outputs).__name__}"
+                "handle must be an async generator function (or a coroutine function) "
+                f"taking the subscription; calling it returned {type(outputs).__name__}"
             )
         try:
             async for output in outputs:
