@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
