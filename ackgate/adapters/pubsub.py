@@ -203,7 +203,7 @@ class PubSubStreamProducer(SharedStreamProducer):
         subscriber = self._subscriber
         assert subscriber is not None
         while True:
-            while len(self._leases) >= self._max_outstanding:
+            while len(self._leases) >= self._max_outstanding and self._broken is None:
                 self._room.clear()
                 await self._room.wait()
             self._raise_if_broken()
@@ -295,7 +295,7 @@ class PubSubStreamProducer(SharedStreamProducer):
                 )
             except PubSubError as exc:
                 # Still leased, so aclose nacks them; the group ends at the next advance.
-                self._broken = exc
+                self._fail(exc)
                 self._queued.clear()
                 logger.error(
                     "Settling %d messages on %s failed: %s; they will be redelivered",
@@ -344,6 +344,7 @@ class PubSubStreamProducer(SharedStreamProducer):
         self._lease_task = asyncio.get_running_loop().create_task(
             self._extend_leases(), name=f"ackgate pubsub leases {self._subscription}"
         )
+        self._lease_task.add_done_callback(self._lease_task_done)
 
     async def _pull(self, subscriber: SubscriberAsyncClient, max_messages: int) -> list[Received]:
         try:
@@ -408,16 +409,21 @@ class PubSubStreamProducer(SharedStreamProducer):
             for ack_id in lapsed:
                 self._leases[ack_id] = math.inf  # lost for good: stop extending it
 
+    def _fail(self, error: PubSubError) -> None:
+        """Record a background task's failure: the poll and the next advance raise it."""
+        if self._broken is None:
+            self._broken = error
+        self._room.set()  # a poll waiting for room must see it too
+
+    def _lease_task_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            error = PubSubError(f"lease extension on {self._subscription} stopped")
+            error.__cause__ = task.exception()
+            self._fail(error)
+
     def _raise_if_broken(self) -> None:
         if self._broken is not None:
-            raise PubSubError(f"settling messages on {self._subscription} failed") from (
-                self._broken.__cause__
-            )
-        task = self._lease_task
-        if task is not None and task.done() and not task.cancelled():
-            raise PubSubError(f"lease extension on {self._subscription} stopped") from (
-                task.exception()
-            )
+            raise PubSubError(str(self._broken)) from self._broken.__cause__
 
     async def _publish_dead_letters(self, dead: list[tuple[Received, AdvanceOutcome]]) -> None:
         assert self._publisher is not None and self._dlq_topic is not None

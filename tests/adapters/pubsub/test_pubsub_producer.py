@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from google.api_core.exceptions import InvalidArgument
+from google.api_core.exceptions import InvalidArgument, ServiceUnavailable
 from google.rpc.error_details_pb2 import ErrorInfo
 from pubsub_support import PubSubAdmin, text
 
@@ -82,6 +82,108 @@ async def test_a_failed_pull_ends_the_stream_loudly(pubsub: PubSubAdmin) -> None
                 await anext(stream)
     finally:
         await producer.aclose()
+
+
+class CountingProducer(PubSubStreamProducer):
+    """Records every lease call (receipt and extensions) with its ack ids."""
+
+    def __init__(self, subscription: str, **options: Any) -> None:
+        super().__init__(subscription, **options)
+        self.lease_calls: list[list[str]] = []
+        self.extended = asyncio.Event()
+
+    async def _modify(self, ack_ids: list[str]) -> None:
+        self.lease_calls.append(list(ack_ids))
+        if len(self.lease_calls) > 1:
+            self.extended.set()
+        await super()._modify(ack_ids)
+
+
+async def test_leases_are_extended_in_one_call_and_stop_once_advanced(
+    pubsub: PubSubAdmin,
+) -> None:
+    topic = await pubsub.create_topic()
+    subscription = await pubsub.create_subscription(topic)
+    await pubsub.publish(topic, [f"m{n}" for n in range(30)])
+    producer = CountingProducer(subscription, ack_deadline=10)
+    stream: Any = producer.open_stream()
+    try:
+        payloads = await take(stream, 30)
+        for payload in payloads[:10]:
+            await producer.advance([AdvanceItem(payload, ACKED)])
+        async with asyncio.timeout(10):
+            await producer.extended.wait()  # due once less than half of 10 s is left
+        receipt, extension = producer.lease_calls[:2]
+        assert sorted(receipt) == sorted(p.ack_id for p in payloads)
+        assert sorted(extension) == sorted(p.ack_id for p in payloads[10:])
+        for payload in payloads[10:]:
+            await producer.advance([AdvanceItem(payload, ACKED)])
+    finally:
+        await stream.aclose()
+        await producer.aclose()
+    assert await pubsub.pull(subscription, wait=2) == []
+
+
+class FailingAckProducer(PubSubStreamProducer):
+    def __init__(self, subscription: str, **options: Any) -> None:
+        super().__init__(subscription, **options)
+        self.ack_failed = asyncio.Event()
+
+    async def _acknowledge(self, ack_ids: list[str]) -> None:
+        self.ack_failed.set()
+        raise ServiceUnavailable("acknowledge is down")
+
+
+async def test_a_failed_ack_ends_the_group_at_the_next_advance_and_nothing_is_lost(
+    pubsub: PubSubAdmin, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic = await pubsub.create_topic()
+    subscription = await pubsub.create_subscription(topic)
+    await pubsub.publish(topic, ["a", "b", "c"])
+    producer = FailingAckProducer(subscription, ack_deadline=60, max_outstanding=2)
+    stream: Any = producer.open_stream()
+    try:
+        first, second = await take(stream, 2)
+        await producer.advance([AdvanceItem(first, ACKED)])  # queued, sent in the background
+        async with asyncio.timeout(10):
+            await producer.ack_failed.wait()
+        with pytest.raises(PubSubError, match="acknowledge") as raised:
+            await producer.advance([AdvanceItem(second, FAILED)])
+        assert isinstance(raised.value.__cause__, ServiceUnavailable)
+        # The poll, out of room while nothing gets settled, ends loudly too.
+        with pytest.raises(PubSubError, match="acknowledge"):
+            async with asyncio.timeout(10):
+                await anext(stream)
+    finally:
+        await stream.aclose()
+        await producer.aclose()
+    assert "they will be redelivered" in caplog.text
+    # "a" and "b" were still leased at close, so they were nacked and are back at once.
+    back = await pubsub.pull(subscription, wait=5)
+    assert sorted(text(r) for r in back) == ["a", "b", "c"]
+    await pubsub.ack(subscription, back)
+
+
+async def test_a_failed_dead_letter_publish_raises_and_keeps_the_message(
+    pubsub: PubSubAdmin,
+) -> None:
+    topic = await pubsub.create_topic()
+    subscription = await pubsub.create_subscription(topic)
+    await pubsub.publish(topic, ["poison"])
+    missing_topic = "projects/ackgate-test/topics/never-created"
+    producer = PubSubStreamProducer(subscription, ack_deadline=60, dlq_topic=missing_topic)
+    stream: Any = producer.open_stream()
+    try:
+        (poison,) = await take(stream, 1)
+        rejected = AdvanceOutcome(acked=0, failed=0, rejected=1)
+        with pytest.raises(PubSubError, match="publish to"):
+            await producer.advance([AdvanceItem(poison, rejected)])
+    finally:
+        await stream.aclose()
+        await producer.aclose()
+    (back,) = await pubsub.pull(subscription, wait=5)
+    assert text(back) == "poison"
+    await pubsub.ack(subscription, [back])
 
 
 @pytest.mark.parametrize(
