@@ -17,7 +17,10 @@ What each outcome does to the broker (:meth:`SqsStreamProducer.advance`):
 
 Lanes: the ``MessageGroupId`` on a FIFO queue (URL ending in ``.fifo``), so a
 group's messages advance in order while other groups proceed; on a standard queue
-every message is its own lane, so nothing waits behind a slow message.
+every message is its own lane, so nothing waits behind a slow message. Deletes and
+releases of advances running at the same time are merged into batch calls of up to
+ten, so on a standard queue give the manager ``max_concurrent_advances=10`` (or
+more): with the default of 1 every message costs a request of its own.
 
 While a message is received and not yet advanced, a heartbeat extends its
 visibility (``ChangeMessageVisibilityBatch``) before it lapses, so a handler slower
@@ -89,6 +92,57 @@ def _ids(failures: Sequence[tuple[_Receipt, str]]) -> str:
     return ", ".join(f"{receipt.message_id} ({code})" for receipt, code in failures)
 
 
+class _Coalescer:
+    """Merges the messages of concurrent :meth:`SqsStreamProducer.advance` calls
+    into batch calls of up to ten.
+
+    On a standard queue every message is its own lane, so each advance carries a
+    single message; with ``max_concurrent_advances`` above 1 the advances running
+    at the same time share one batch call instead of paying one request each.
+    A caller returns once its own messages were sent; an error of the call they
+    shared is raised in every caller.
+    """
+
+    def __init__(self, send: Callable[[Sequence[_Receipt]], Awaitable[None]]) -> None:
+        self._send = send
+        self._waiting: list[tuple[_Receipt, asyncio.Future[None]]] = []
+        self._sender: asyncio.Task[None] | None = None
+
+    async def submit(self, receipts: Sequence[_Receipt]) -> None:
+        if not receipts:
+            return
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in receipts]
+        self._waiting.extend(zip(receipts, futures, strict=True))
+        if self._sender is None:
+            self._sender = loop.create_task(self._send_waiting())
+        await asyncio.gather(*futures)
+
+    async def _send_waiting(self) -> None:
+        try:
+            await asyncio.sleep(0)  # let the advances started in this pass join in
+            while self._waiting:
+                chunk = self._waiting[:_BATCH_LIMIT]
+                del self._waiting[:_BATCH_LIMIT]
+                try:
+                    await self._send([receipt for receipt, _ in chunk])
+                except Exception as exc:
+                    for _, future in chunk:
+                        if not future.done():
+                            future.set_exception(exc)
+                else:
+                    for _, future in chunk:
+                        if not future.done():
+                            future.set_result(None)
+        finally:
+            self._sender = None
+            # Only reached with messages left if this task was cancelled (loop
+            # shutdown): their advances must not wait forever.
+            for _, future in self._waiting:
+                future.cancel()
+            self._waiting.clear()
+
+
 class SqsStreamProducer(SharedStreamProducer):
     """Shared poll of one SQS queue; see the module docstring for the broker contract.
 
@@ -149,6 +203,8 @@ class SqsStreamProducer(SharedStreamProducer):
         # Held around every visibility change so a heartbeat extension can never
         # land after (and undo) the visibility 0 of a failed message.
         self._visibility_lock = asyncio.Lock()
+        self._deletes = _Coalescer(self._delete)
+        self._releases = _Coalescer(self._release)
         self._heartbeat: asyncio.Task[None] | None = None
         self._receiving: asyncio.Task[list[tuple[dict[str, Any], _Receipt]]] | None = None
 
@@ -194,8 +250,8 @@ class SqsStreamProducer(SharedStreamProducer):
             sent, unsent = await self._dead_letter(dead)
             delete.extend(sent)
             release.extend(unsent)
-        await self._delete(delete)
-        await self._release(release)
+        await self._deletes.submit(delete)
+        await self._releases.submit(release)
 
     async def aclose(self) -> None:
         """Stop the heartbeat, release what was never advanced, close the client.

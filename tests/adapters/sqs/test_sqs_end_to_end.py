@@ -22,7 +22,7 @@ def factory(sqs: SqsAdmin, url: str, **options: Any) -> Callable[[], SqsStreamPr
 
 async def test_standard_queue_fans_5000_messages_out_to_4_subscribers(sqs: SqsAdmin) -> None:
     url = await sqs.create_queue()
-    total, backlog = 5000, 200
+    total, backlog = 5000, 50
     ids: set[str] = set()
     seen: list[Counter[str]] = [Counter() for _ in range(4)]
     progress = asyncio.Event()

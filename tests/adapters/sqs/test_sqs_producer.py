@@ -197,3 +197,12 @@ async def test_batch_entry_failures_are_retried_then_logged(
         await source.advance([AdvanceItem(p, CLEAN) for p in payloads])
     assert client.calls == calls  # chunks of ten; a stale handle is not retried
     assert ("id-0" in caplog.text) is logged
+
+
+async def test_concurrent_advances_share_one_batch_call() -> None:
+    source = SqsStreamProducer("http://127.0.0.1:1/123/q")
+    client = FlakyClient("InternalError", 0)
+    source._client = client
+    payloads = fake_payloads(12)
+    await asyncio.gather(*(source.advance([AdvanceItem(p, CLEAN)]) for p in payloads))
+    assert client.calls == [[str(i) for i in range(10)], ["0", "1"]]

@@ -1,0 +1,127 @@
+"""Messages per second through SharedStreamManager + SqsStreamProducer.
+
+Runs against ``--endpoint`` (or ``ACKGATE_SQS_ENDPOINT``), else starts moto's
+server on a free 127.0.0.1 port. A feeder sends batches of ten while the
+subscribers consume, keeping at most ``--backlog`` messages ahead of the slowest
+one: moto scans the whole queue on every send and receive, so a deep backlog
+measures moto's quadratic cost rather than the adapter. The figure is end to end:
+sent, received, fanned out to every subscriber, and deleted (queue empty).
+
+    python benchmarks/sqs_throughput.py --messages 2000 --subscribers 1 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from aiobotocore.session import get_session
+
+from ackgate import SharedStreamManager, Subscription
+from ackgate.adapters.sqs import SqsStreamProducer
+
+REGION = "us-east-1"
+
+
+@contextmanager
+def endpoint(given: str | None) -> Iterator[str]:
+    if given:
+        yield given
+        return
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/moto-api/", timeout=1).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit("moto server did not start") from None
+                time.sleep(0.1)
+        yield url
+    finally:
+        server.terminate()
+        server.wait()
+
+
+async def run(url: str, subscribers: int, messages: int, backlog: int, advances: int) -> float:
+    async with get_session().create_client("sqs", region_name=REGION, endpoint_url=url) as sqs:
+        queue = (await sqs.create_queue(QueueName=f"bench-{uuid.uuid4().hex[:8]}"))["QueueUrl"]
+        seen = [0] * subscribers
+        progress = asyncio.Event()
+
+        async def feed() -> None:
+            for start in range(0, messages, 10):
+                while start - min(seen) >= backlog:
+                    progress.clear()
+                    await progress.wait()
+                entries = [{"Id": str(i), "MessageBody": f"m{start + i}"} for i in range(10)]
+                await sqs.send_message_batch(QueueUrl=queue, Entries=entries)
+
+        async def consume(sub: Subscription, index: int) -> None:
+            async with sub:
+                async for _ in sub:
+                    seen[index] += 1
+                    progress.set()
+                    if seen[index] == messages:
+                        return
+
+        def make() -> SqsStreamProducer:
+            return SqsStreamProducer(
+                queue, region_name=REGION, endpoint_url=url, wait_time_seconds=1
+            )
+
+        started = time.perf_counter()
+        async with SharedStreamManager(max_concurrent_advances=advances) as manager:
+            subs = [manager.subscribe("bench", i, producer=make) for i in range(subscribers)]
+            await asyncio.gather(feed(), *(consume(sub, i) for i, sub in enumerate(subs)))
+        elapsed = time.perf_counter() - started
+        attributes = await sqs.get_queue_attributes(
+            QueueUrl=queue,
+            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+        )
+        left = sum(int(v) for v in attributes["Attributes"].values())
+        print(
+            f"subscribers={subscribers} messages={messages} max_concurrent_advances={advances} "
+            f"seconds={elapsed:.1f} messages/s={messages / elapsed:.0f} left_in_queue={left}",
+            flush=True,
+        )
+        return messages / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--endpoint", default=os.environ.get("ACKGATE_SQS_ENDPOINT"))
+    parser.add_argument("--messages", type=int, default=2000)
+    parser.add_argument("--subscribers", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--backlog", type=int, default=200)
+    parser.add_argument("--max-concurrent-advances", type=int, nargs="+", default=[10])
+    args = parser.parse_args()
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    with endpoint(args.endpoint) as url:
+        for advances in args.max_concurrent_advances:
+            for subscribers in args.subscribers:
+                asyncio.run(run(url, subscribers, args.messages, args.backlog, advances))
+
+
+if __name__ == "__main__":
+    main()
