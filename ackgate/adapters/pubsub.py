@@ -1,52 +1,43 @@
 """Google Cloud Pub/Sub adapter: one pull subscription shared by every subscriber of a group.
 
-Install with ``pip install 'ackgate[pubsub]'`` (google-cloud-pubsub). Everything runs on
-the SDK's asyncio GAPIC clients (``SubscriberAsyncClient``, ``PublisherAsyncClient``):
-unary ``pull`` in the group's poll task, no thread per message.
+Install with ``pip install 'ackgate[pubsub]'``. Everything runs on the SDK's asyncio
+GAPIC clients (unary ``pull`` in the group's poll task), no thread per message.
 
-What each outcome does to the broker (the ``AdvanceOutcome`` of one message):
+What each message's ``AdvanceOutcome`` does to the broker:
 
 * **clean** (every subscriber acked) -> ``acknowledge``.
 * **failed** by anyone, or broadcast to **zero** subscribers -> nack
-  (``modify_ack_deadline`` to 0) so Pub/Sub redelivers it promptly. A failure wins
-  over a rejection: the subscriber that did not handle the message gets it again.
-* **rejected** (and nobody failed) -> with ``dlq_topic``: published there (same data,
-  attributes and ordering key, plus the ``ackgate-reason`` and
-  ``ackgate-source-subscription`` attributes), then acknowledged. Without
-  ``dlq_topic``: nacked, so the *subscription's own* dead-letter policy moves it to its
-  dead-letter topic once ``max_delivery_attempts`` is reached (until then it is
-  redelivered and rejected again; on a subscription without such a policy it comes
-  back forever).
+  (``modify_ack_deadline`` 0): prompt redelivery. A failure wins over a rejection, so
+  the subscriber that did not handle the message gets it again.
+* **rejected** (nobody failed) -> with ``dlq_topic``: published there (data, attributes
+  and ordering key, plus ``ackgate-reason`` and ``ackgate-source-subscription``), then
+  acknowledged. Without ``dlq_topic``: nacked, so the subscription's own dead-letter
+  policy moves it to its dead-letter topic after ``max_delivery_attempts`` (until then
+  it is redelivered and rejected again; with no such policy it comes back forever).
 
-Acks and nacks are sent by a background task, coalesced across lanes and batches
-(whatever was queued while one call was in flight goes out in the next, up to 1000 ack
-ids a call), in the order ``advance`` queued them; ``advance`` returns once its
-settlements are queued. A failed send is logged at ERROR, ends the group at the next
-``advance`` or pull, and its messages are nacked on close: redelivered, never lost.
+Acks and nacks go out from a background task, coalesced across lanes and batches
+(what is queued while one call is in flight goes in the next; 1000 ack ids a call at
+most), in the order ``advance`` queued them. A failed send is logged at ERROR and ends
+the group at the next ``advance`` or pull; its messages are nacked on close.
 
-Lanes: the message's ordering key when it has one (enable message ordering on the
-subscription to get the server's per-key order), else each message is its own lane,
-so a slow message never holds back unrelated ones.
+Lanes: the ordering key when a message has one (enable message ordering on the
+subscription for the server's per-key order), else each message is its own lane.
 
 Leases: every pulled message gets ``modify_ack_deadline(ack_deadline)`` on receipt and
-again, batched, whenever less than half of it is left, until it is advanced. At most
-``max_outstanding`` messages are held (pulled, not yet advanced); the poll waits for
-advances beyond that. When the group ends, what was never advanced is nacked in
-:meth:`PubSubStreamProducer.aclose`, so it comes back at once rather than when its
-lease runs out.
+again, in one call for all that are due, whenever less than half is left, until it is
+settled. At most ``max_outstanding`` messages are held; beyond that the poll waits.
+When the group ends, what was never settled is nacked in ``aclose``, so it comes back
+at once rather than when its lease runs out.
 
-Exactly-once subscriptions: ``acknowledge`` / ``modify_ack_deadline`` report per-ack-id
-failures. Transient ones are retried; permanent ones (an ack id that expired) are
-logged at WARNING with the message id and are not fatal, since Pub/Sub redelivers the
-message. A message whose receipt lease fails permanently is not handed out.
+Exactly-once subscriptions report per-ack-id failures: transient ones are retried,
+permanent ones (an expired ack id) are logged at WARNING with the message id, not
+fatal, since Pub/Sub redelivers. A message whose receipt lease is refused is not
+handed out.
 
-Logging on ``ackgate.adapters.pubsub``: message ids, counts and reasons, never message
-data or attributes. SDK errors surface as :class:`PubSubError` with the SDK exception
-as ``__cause__``: from the poll they end the group (``StreamTerminated``), from
-``advance`` they end it with ``AdvanceFailed``.
-
-``PUBSUB_EMULATOR_HOST`` is honoured: the clients then speak plaintext gRPC to that
-host without credentials, and ``client_options`` / ``credentials`` are not used.
+Logging on ``ackgate.adapters.pubsub``: message ids, counts and reasons, never data or
+attributes. SDK errors surface as :class:`PubSubError`, the SDK exception as
+``__cause__``. ``PUBSUB_EMULATOR_HOST`` is honoured: plaintext gRPC to that host, no
+credentials, ``client_options`` / ``credentials`` unused.
 """
 
 from __future__ import annotations
@@ -55,15 +46,7 @@ import asyncio
 import math
 import os
 import time
-from collections.abc import (
-    AsyncIterator,
-    Awaitable,
-    Callable,
-    Hashable,
-    Iterator,
-    Mapping,
-    Sequence,
-)
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
 from logging import getLogger
 from typing import Any
 
@@ -94,14 +77,9 @@ SOURCE_ATTRIBUTE = "ackgate-source-subscription"
 
 # An ack/modack request is capped at 512 KiB and an ack id runs to a few hundred bytes.
 _ACK_IDS_PER_CALL = 1000
-_PUBLISH_MAX_MESSAGES = 1000
-_PUBLISH_MAX_BYTES = 8 * 1024 * 1024
 _EOD_ATTEMPTS = 3
 # Pull responses may exceed gRPC's 4 MiB default; the SDK lifts the limit the same way.
-_UNLIMITED_MESSAGES = [
-    ("grpc.max_send_message_length", -1),
-    ("grpc.max_receive_message_length", -1),
-]
+_NO_SIZE_LIMIT = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 
 AckCall = Callable[[list[str]], Awaitable[None]]
 # A protobuf google.pubsub.v1.ReceivedMessage (the SDK types it loosely).
@@ -115,25 +93,20 @@ class PubSubError(AckGateError):
 class PubSubStreamProducer(SharedStreamProducer):
     """Share one Pub/Sub pull subscription among a group's subscribers.
 
-    ``open_stream`` yields ``(received, received)``: the protobuf
+    ``open_stream`` yields ``(received, received)``: the plain protobuf
     ``google.pubsub.v1.ReceivedMessage`` as pulled (``.message.data``,
     ``.message.attributes``, ``.message.message_id``, ``.message.ordering_key``,
-    ``.message.publish_time``, ``.delivery_attempt``) is both the raw event and the
-    broker payload. It is the plain protobuf message, not the SDK's proto-plus
-    wrapper, whose attribute access costs more than the rest of the path per event.
-    Settle it only through ackgate.
+    ``.delivery_attempt``) is both raw event and broker payload; the SDK's proto-plus
+    wrapper costs more per event than the rest of the path. Settle only through ackgate.
 
-    Arguments: ``subscription`` and ``dlq_topic`` are full resource names
-    (``projects/P/subscriptions/S``, ``projects/P/topics/T``). ``max_messages`` (1-1000)
-    is the most one ``pull`` asks for; ``ack_deadline`` (10-600 s) the lease kept on
-    every outstanding message; ``max_outstanding`` (>= 2) the most messages held
-    between pull and advance. Keep ``max_outstanding`` above the number of events
-    your subscribers hold with unconfirmed outputs, or the poll waits on them.
-    ``pull_timeout`` bounds one long-poll. ``client_options`` and ``credentials`` go to
-    both SDK clients.
-
-    The outcome contract, lanes, leases and logging are described in the module
-    docstring.
+    ``subscription`` / ``dlq_topic`` are full names (``projects/P/subscriptions/S``,
+    ``projects/P/topics/T``). ``max_messages`` (1-1000) caps one ``pull``;
+    ``ack_deadline`` (10-600 s) is the lease kept on outstanding messages;
+    ``max_outstanding`` (>= 2) caps messages held between pull and settlement: keep it
+    above what your subscribers hold with unconfirmed outputs, and at most
+    ``subscriber_queue_size`` so a burst cannot overflow a queue. ``pull_timeout``
+    bounds one long-poll. ``client_options`` / ``credentials`` go to both SDK clients.
+    The broker-side contract is in the module docstring.
     """
 
     def __init__(
@@ -148,16 +121,13 @@ class PubSubStreamProducer(SharedStreamProducer):
         client_options: Any = None,
         credentials: Any = None,
     ) -> None:
-        if "/subscriptions/" not in subscription or not subscription.startswith("projects/"):
-            raise ValueError(f"subscription must be projects/P/subscriptions/S: {subscription!r}")
-        if dlq_topic is not None and (
-            "/topics/" not in dlq_topic or not dlq_topic.startswith("projects/")
-        ):
-            raise ValueError(f"dlq_topic must be projects/P/topics/T, got {dlq_topic!r}")
+        _check_name("subscription", subscription, "subscriptions")
+        if dlq_topic is not None:
+            _check_name("dlq_topic", dlq_topic, "topics")
         if not 1 <= max_messages <= 1000:
             raise ValueError(f"max_messages must be within 1..1000, got {max_messages!r}")
         if not 10 <= ack_deadline <= 600:
-            raise ValueError(f"ack_deadline must be within 10..600 seconds, got {ack_deadline!r}")
+            raise ValueError(f"ack_deadline must be within 10..600 s, got {ack_deadline!r}")
         if max_outstanding < 2:
             raise ValueError(f"max_outstanding must be >= 2, got {max_outstanding!r}")
         if pull_timeout <= 0:
@@ -176,10 +146,9 @@ class PubSubStreamProducer(SharedStreamProducer):
         # Invariant: holds exactly the messages pulled and not yet settled (acked or
         # nacked), as ack id -> monotonic time their current lease runs out.
         self._leases: dict[str, float] = {}
-        # Settlements advance queued (ack id -> acknowledge, else nack), and those the
-        # flush task is sending. Both are subsets of _leases.
+        # Settlements queued by advance, not yet taken by the flush task: ack id ->
+        # acknowledge (else nack). A subset of _leases, whose expiry is then inf.
         self._queued: dict[str, bool] = {}
-        self._sending: dict[str, bool] = {}
         self._flush_task: asyncio.Task[None] | None = None
         self._broken: PubSubError | None = None
         # Message ids by ack id, only so that failures can be logged by message id.
@@ -235,6 +204,8 @@ class PubSubStreamProducer(SharedStreamProducer):
             await self._publish_dead_letters(dead)
             settle.update((message.ack_id, True) for message, _ in dead)
         self._queued.update(settle)
+        for ack_id in settle:
+            self._leases[ack_id] = math.inf  # settled soon: no more extensions
         if self._flush_task is None or self._flush_task.done():
             self._flush_task = asyncio.get_running_loop().create_task(
                 self._flush(), name=f"ackgate pubsub settlements {self._subscription}"
@@ -283,7 +254,6 @@ class PubSubStreamProducer(SharedStreamProducer):
         """
         while self._queued:
             sending, self._queued = self._queued, {}
-            self._sending = sending
             try:
                 refused = await self._settle(
                     "acknowledge", self._acknowledge, [a for a, ok in sending.items() if ok]
@@ -304,8 +274,6 @@ class PubSubStreamProducer(SharedStreamProducer):
                     exc.__cause__,
                 )
                 return
-            finally:
-                self._sending = {}
             self._log_refused("settlement", refused)
             for ack_id in sending:
                 self._leases.pop(ack_id, None)
@@ -318,33 +286,22 @@ class PubSubStreamProducer(SharedStreamProducer):
             raise ImportError(
                 "the Pub/Sub adapter needs google-cloud-pubsub: pip install 'ackgate[pubsub]'"
             ) from _SDK_MISSING
-        emulator = os.environ.get("PUBSUB_EMULATOR_HOST")
-        if emulator:
-            # Built explicitly: not every supported SDK release points the async
-            # GAPIC client at the emulator by itself.
-            self._subscriber = SubscriberAsyncClient(
-                transport=SubscriberGrpcAsyncIOTransport(
-                    channel=grpc.aio.insecure_channel(emulator, options=_UNLIMITED_MESSAGES)
-                )
-            )
-            if self._dlq_topic is not None:
-                self._publisher = PublisherAsyncClient(
-                    transport=PublisherGrpcAsyncIOTransport(
-                        channel=grpc.aio.insecure_channel(emulator, options=_UNLIMITED_MESSAGES)
-                    )
-                )
-        else:
-            self._subscriber = SubscriberAsyncClient(
-                credentials=self._credentials, client_options=self._client_options
-            )
-            if self._dlq_topic is not None:
-                self._publisher = PublisherAsyncClient(
-                    credentials=self._credentials, client_options=self._client_options
-                )
+        self._subscriber = self._client(SubscriberAsyncClient, SubscriberGrpcAsyncIOTransport)
+        if self._dlq_topic is not None:
+            self._publisher = self._client(PublisherAsyncClient, PublisherGrpcAsyncIOTransport)
         self._lease_task = asyncio.get_running_loop().create_task(
             self._extend_leases(), name=f"ackgate pubsub leases {self._subscription}"
         )
         self._lease_task.add_done_callback(self._lease_task_done)
+
+    def _client(self, client: Any, transport: Any) -> Any:
+        emulator = os.environ.get("PUBSUB_EMULATOR_HOST")
+        if emulator:
+            # Built by hand: not every supported SDK release points the async GAPIC
+            # clients at the emulator by itself.
+            channel = grpc.aio.insecure_channel(emulator, options=_NO_SIZE_LIMIT)
+            return client(transport=transport(channel=channel))
+        return client(credentials=self._credentials, client_options=self._client_options)
 
     async def _pull(self, subscriber: SubscriberAsyncClient, max_messages: int) -> list[Received]:
         try:
@@ -385,8 +342,6 @@ class PubSubStreamProducer(SharedStreamProducer):
                 ack_id
                 for ack_id, until in self._leases.items()
                 if until - now < self._ack_deadline / 2
-                and ack_id not in self._queued
-                and ack_id not in self._sending
             ]
             if not due:
                 continue
@@ -427,7 +382,6 @@ class PubSubStreamProducer(SharedStreamProducer):
 
     async def _publish_dead_letters(self, dead: list[tuple[Received, AdvanceOutcome]]) -> None:
         assert self._publisher is not None and self._dlq_topic is not None
-        by_key: dict[str, list[PubsubMessage]] = {}
         for received, outcome in dead:
             original = received.message
             attributes = dict(original.attributes)
@@ -436,18 +390,15 @@ class PubSubStreamProducer(SharedStreamProducer):
                 f"{outcome.acked + outcome.rejected + outcome.failed} subscribers"
             )
             attributes[SOURCE_ATTRIBUTE] = self._subscription
-            # A publish request may carry one ordering key only.
-            by_key.setdefault(original.ordering_key, []).append(
-                PubsubMessage(
-                    data=original.data, attributes=attributes, ordering_key=original.ordering_key
-                )
+            copy = PubsubMessage(
+                data=original.data, attributes=attributes, ordering_key=original.ordering_key
             )
-        for messages in by_key.values():
-            for chunk in _publish_chunks(messages):
-                try:
-                    await self._publisher.publish(topic=self._dlq_topic, messages=chunk)
-                except gexc.GoogleAPIError as exc:
-                    raise PubSubError(f"publish to {self._dlq_topic} failed: {exc}") from exc
+            # One request per message: rejects are rare, and a request is then always
+            # within the size limits and carries one ordering key, in lane order.
+            try:
+                await self._publisher.publish(topic=self._dlq_topic, messages=[copy])
+            except gexc.GoogleAPIError as exc:
+                raise PubSubError(f"publish to {self._dlq_topic} failed: {exc}") from exc
         logger.info("Dead-lettered %d messages to %s", len(dead), self._dlq_topic)
 
     async def _acknowledge(self, ack_ids: list[str]) -> None:
@@ -509,6 +460,12 @@ class PubSubStreamProducer(SharedStreamProducer):
             )
 
 
+def _check_name(argument: str, name: str, kind: str) -> None:
+    project, _, rest = name.removeprefix("projects/").partition(f"/{kind}/")
+    if not name.startswith("projects/") or not project or not rest:
+        raise ValueError(f"{argument} must be a full name, projects/P/{kind}/N: {name!r}")
+
+
 async def _close(transport: Any) -> None:
     close: Callable[[], Awaitable[None]] = transport.close  # the SDK leaves it untyped
     await close()
@@ -520,20 +477,3 @@ def _per_ack_failures(exc: Exception, ack_ids: list[str]) -> dict[str, str] | No
     if not isinstance(metadata, Mapping) or not any(ack_id in metadata for ack_id in ack_ids):
         return None
     return {str(key): str(value) for key, value in metadata.items()}
-
-
-def _publish_chunks(messages: list[PubsubMessage]) -> Iterator[list[PubsubMessage]]:
-    chunk: list[PubsubMessage] = []
-    size = 0
-    for message in messages:
-        message_size = len(message.data) + sum(
-            len(k) + len(v) for k, v in message.attributes.items()
-        )
-        full = len(chunk) >= _PUBLISH_MAX_MESSAGES or size + message_size > _PUBLISH_MAX_BYTES
-        if chunk and full:
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(message)
-        size += message_size
-    if chunk:
-        yield chunk
