@@ -227,3 +227,22 @@ async def test_a_consumer_cancelled_mid_stream_and_restarted_loses_nothing(
         await manager.run_subscriber("c", "svc", handle, producer=make, sink=store)
     assert set(stored) == ids
     assert await sqs.depth(url) == 0
+
+
+async def test_closing_releases_what_a_long_poll_in_flight_picks_up(sqs: SqsAdmin) -> None:
+    url = await sqs.create_queue()
+    [first] = await sqs.send(url, ["first"])
+    make = factory(sqs, url, wait_time_seconds=3, visibility_timeout=120)
+    async with asyncio.timeout(20), SharedStreamManager() as manager:
+        sub = manager.subscribe("poll", "only", producer=make)
+        raw = await anext(sub)
+        assert raw["MessageId"] == first
+        # The group polls on at once: a long poll on the empty queue is in flight.
+        leaving = asyncio.create_task(sub.aclose())
+        [second] = await sqs.send(url, ["second"])
+        await leaving
+        # SQS keeps the abandoned poll open and hands it "second"; closing waited
+        # for it and made "second" visible again instead of hiding it for 120 s.
+        [back] = await sqs.drain(url, wait=1)
+    assert back["MessageId"] == second
+    assert back["Attributes"]["ApproximateReceiveCount"] == "2"
