@@ -165,7 +165,8 @@ class PubSubStreamProducer(SharedStreamProducer):
         """Connect, then long-poll the subscription forever.
 
         Raises :class:`PubSubError` when a pull fails (after the SDK's own retries) or
-        the lease task died. Cancellation: the pull in flight is dropped; messages
+        a background send failed. Cancellation: the pull in flight is dropped (what
+        the server put in it returns after the subscription's ack deadline); messages
         already pulled stay leased until :meth:`aclose` nacks them.
         """
         self._connect()
