@@ -33,10 +33,13 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
+
+
 def _ready(host: str) -> bool:
     # The emulator answers a plain HTTP/1.1 GET / with "Ok" once it serves.
     try:
-        with urllib.request.urlopen(f"http://{host}/", timeout=1) as response:
+        with _DIRECT.open(f"http://{host}/", timeout=1) as response:
             return bool(response.read().strip() == b"Ok")
     except (OSError, urllib.error.URLError):
         return False
