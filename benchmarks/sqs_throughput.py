@@ -2,8 +2,9 @@
 
 Runs against ``--endpoint`` (or ``ACKGATE_SQS_ENDPOINT``), else starts moto's
 server on a free 127.0.0.1 port. A feeder sends batches of ten while the
-subscribers consume, keeping at most ``--backlog`` messages ahead of the slowest
-one: moto scans the whole queue on every send and receive, so a deep backlog
+subscribers consume, keeping at most ``--backlog`` messages in the queue (sent
+and not yet deleted): moto scans the whole queue,
+in-flight messages included, on every send and receive, so a deep queue
 measures moto's quadratic cost rather than the adapter. The figure is end to end:
 sent, received, fanned out to every subscriber, and deleted (queue empty).
 
@@ -21,12 +22,12 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from aiobotocore.session import get_session
 
-from ackgate import SharedStreamManager, Subscription
+from ackgate import AdvanceItem, SharedStreamManager, Subscription
 from ackgate.adapters.sqs import SqsStreamProducer
 
 REGION = "us-east-1"
@@ -66,13 +67,21 @@ async def run(url: str, subscribers: int, messages: int, backlog: int, advances:
     async with get_session().create_client("sqs", region_name=REGION, endpoint_url=url) as sqs:
         queue = (await sqs.create_queue(QueueName=f"bench-{uuid.uuid4().hex[:8]}"))["QueueUrl"]
         seen = [0] * subscribers
-        progress = asyncio.Event()
+        deleted = 0
+        advanced = asyncio.Event()
+
+        class Counting(SqsStreamProducer):
+            async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+                nonlocal deleted
+                await super().advance(batch)
+                deleted += len(batch)
+                advanced.set()
 
         async def feed() -> None:
             for start in range(0, messages, 10):
-                while start - min(seen) >= backlog:
-                    progress.clear()
-                    await progress.wait()
+                while start - deleted >= backlog:
+                    advanced.clear()
+                    await advanced.wait()
                 entries = [{"Id": str(i), "MessageBody": f"m{start + i}"} for i in range(10)]
                 await sqs.send_message_batch(QueueUrl=queue, Entries=entries)
 
@@ -80,14 +89,11 @@ async def run(url: str, subscribers: int, messages: int, backlog: int, advances:
             async with sub:
                 async for _ in sub:
                     seen[index] += 1
-                    progress.set()
                     if seen[index] == messages:
                         return
 
         def make() -> SqsStreamProducer:
-            return SqsStreamProducer(
-                queue, region_name=REGION, endpoint_url=url, wait_time_seconds=1
-            )
+            return Counting(queue, region_name=REGION, endpoint_url=url, wait_time_seconds=1)
 
         started = time.perf_counter()
         async with SharedStreamManager(max_concurrent_advances=advances) as manager:
