@@ -15,6 +15,12 @@ What each outcome does to the broker (:meth:`SqsStreamProducer.advance`):
   dead-letter queue once ``maxReceiveCount`` receives are used up. A queue with
   no redrive policy and no ``dlq_queue_url`` redelivers a rejected message forever.
 
+On a FIFO queue SQS holds a group back while any of its messages is in flight, so
+a released message returns only after the rest of its group received with it was
+handled: subscribers then see it again, out of order (a duplicate, never a loss).
+A group whose every subscriber was force-failed releases each message at once, so
+SQS keeps redelivering it (and a redrive policy counts those receives).
+
 Lanes: the ``MessageGroupId`` on a FIFO queue (URL ending in ``.fifo``), so a
 group's messages advance in order while other groups proceed; on a standard queue
 every message is its own lane, so nothing waits behind a slow message. Deletes and
