@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +131,7 @@ async def with_ackgate(
 async def bench(bootstrap: str, messages: int, partitions: int, size: int, repeat: int) -> None:
     topic = f"bench-{uuid.uuid4().hex[:8]}"
     await fill_topic(bootstrap, topic, messages, partitions, size)
-    variants = {
+    variants: dict[str, Callable[[], Awaitable[tuple[float, str]]]] = {
         "plain aiokafka": lambda: plain_aiokafka(bootstrap, topic, messages),
         "ackgate, 1 subscriber": lambda: with_ackgate(bootstrap, topic, messages, 1),
         "ackgate, 4 subscribers": lambda: with_ackgate(bootstrap, topic, messages, 4),

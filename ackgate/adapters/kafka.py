@@ -56,7 +56,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator, Hashable, Iterable, Sequence
+from collections.abc import AsyncGenerator, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -234,7 +234,7 @@ class KafkaStreamProducer(SharedStreamProducer):
         tp: Hashable = broker_payload.tp
         return tp
 
-    async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
+    async def open_stream(self) -> AsyncGenerator[tuple[Any, Any], None]:
         """Join the group and yield ``(ConsumerRecord, delivery)`` for every fetched record.
 
         Raises ``ConnectionError`` if the cluster cannot be reached at start and

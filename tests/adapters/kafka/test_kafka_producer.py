@@ -25,7 +25,7 @@ ACK = AdvanceOutcome(acked=2, failed=0, rejected=0)
 FAIL = AdvanceOutcome(acked=1, failed=1, rejected=0)
 NOBODY = AdvanceOutcome(acked=0, failed=0, rejected=0)
 REJECT = AdvanceOutcome(acked=1, failed=0, rejected=1)
-FAST_GROUP = {"heartbeat_interval_ms": 300, "session_timeout_ms": 6000}
+FAST_GROUP: dict[str, Any] = {"heartbeat_interval_ms": 300, "session_timeout_ms": 6000}
 
 Pull = Callable[[int], Awaitable[list[tuple[Any, Any]]]]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from kafka_testlib import KafkaTestCluster
@@ -11,7 +11,7 @@ from kafka_testlib import KafkaTestCluster
 from ackgate import SharedStreamManager, Subscription
 from ackgate.adapters.kafka import KafkaStreamProducer
 
-FAST_GROUP = {"heartbeat_interval_ms": 300, "session_timeout_ms": 6000}
+FAST_GROUP: dict[str, Any] = {"heartbeat_interval_ms": 300, "session_timeout_ms": 6000}
 
 
 class CheckedProducer(KafkaStreamProducer):
@@ -29,7 +29,7 @@ class CheckedProducer(KafkaStreamProducer):
         self.revokes = 0
         self._in_revoke = False
 
-    async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
+    async def open_stream(self) -> AsyncGenerator[tuple[Any, Any], None]:
         stream = super().open_stream()
         try:
             first = await anext(stream)
