@@ -80,21 +80,48 @@ books balance, 1 when they do not, 2 for bad options."""
 def _parser() -> _Parser:
     parser = _Parser(prog="ackgate", description="ackgate's command line.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    demo = commands.add_parser("demo", help="run the embedded-broker demo and check the books",
-                               description=DEMO_DESCRIPTION)
-    demo.add_argument("--events", type=_positive, default=10_000, metavar="N",
-                      help="events to publish (default: %(default)s)")
-    demo.add_argument("--partitions", type=_positive, default=4, metavar="P",
-                      help="partitions of the topic (default: %(default)s)")
-    demo.add_argument("--handlers", type=_handler_list, default=HANDLERS, metavar="LIST",
-                      help="comma-separated subset of indexer,auditor,notifier (default: all)")
-    demo.add_argument("--crash-at", type=_positive, metavar="N",
-                      help="the notifier crashes once, on its N-th event, and re-subscribes")
+    demo = commands.add_parser(
+        "demo",
+        help="run the embedded-broker demo and check the books",
+        description=DEMO_DESCRIPTION,
+    )
+    demo.add_argument(
+        "--events",
+        type=_positive,
+        default=10_000,
+        metavar="N",
+        help="events to publish (default: %(default)s)",
+    )
+    demo.add_argument(
+        "--partitions",
+        type=_positive,
+        default=4,
+        metavar="P",
+        help="partitions of the topic (default: %(default)s)",
+    )
+    demo.add_argument(
+        "--handlers",
+        type=_handler_list,
+        default=HANDLERS,
+        metavar="LIST",
+        help="comma-separated subset of indexer,auditor,notifier (default: all)",
+    )
+    demo.add_argument(
+        "--crash-at",
+        type=_positive,
+        metavar="N",
+        help="the notifier crashes once, on its N-th event, and re-subscribes",
+    )
     demo.add_argument("--json", action="store_true", help="print the summary as JSON, no bars")
-    demo.add_argument("--seed", type=int, default=1,
-                      help="seed of the generated events (default: %(default)s)")
-    demo.add_argument("--db", type=Path, metavar="PATH",
-                      help="SQLite file for the indexer (default: a temporary one)")
+    demo.add_argument(
+        "--seed", type=int, default=1, help="seed of the generated events (default: %(default)s)"
+    )
+    demo.add_argument(
+        "--db",
+        type=Path,
+        metavar="PATH",
+        help="SQLite file for the indexer (default: a temporary one)",
+    )
     return parser
 
 
@@ -113,8 +140,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             display = _RichDisplay(opts.handlers)
         except ImportError:
-            print("ackgate demo: the progress display needs rich: "
-                  "pip install 'ackgate[cli]' (or use --json)", file=sys.stderr)
+            print(
+                "ackgate demo: the progress display needs rich: "
+                "pip install 'ackgate[cli]' (or use --json)",
+                file=sys.stderr,
+            )
             return 1
     with tempfile.TemporaryDirectory(prefix="ackgate-demo-") as scratch:
         db = opts.db if opts.db is not None else Path(scratch) / "index.sqlite3"
@@ -184,14 +214,19 @@ class _Store:
         # the failure the demo plays with; it skips an fsync per row.
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.execute("DROP TABLE IF EXISTS events")
-        self._conn.execute("CREATE TABLE events (id INTEGER PRIMARY KEY, user TEXT NOT NULL,"
-                           " amount INTEGER NOT NULL, deliveries INTEGER NOT NULL)")
+        self._conn.execute(
+            "CREATE TABLE events (id INTEGER PRIMARY KEY, user TEXT NOT NULL,"
+            " amount INTEGER NOT NULL, deliveries INTEGER NOT NULL)"
+        )
 
     def _put(self, row: tuple[int, str, int]) -> None:
         assert self._conn is not None
         # The primary key makes redelivery idempotent: a duplicate only bumps a counter.
-        self._conn.execute("INSERT INTO events VALUES (?, ?, ?, 1) ON CONFLICT(id)"
-                           " DO UPDATE SET deliveries = deliveries + 1", row)
+        self._conn.execute(
+            "INSERT INTO events VALUES (?, ?, ?, 1) ON CONFLICT(id)"
+            " DO UPDATE SET deliveries = deliveries + 1",
+            row,
+        )
 
     def _contents(self) -> tuple[set[int], int]:
         assert self._conn is not None
@@ -203,8 +238,15 @@ class _Store:
 class _Demo:
     """One run: the broker, the handlers, their counters and the books."""
 
-    def __init__(self, events: int, partitions: int, handlers: Sequence[str],
-                 crash_at: int | None, seed: int, db: Path) -> None:
+    def __init__(
+        self,
+        events: int,
+        partitions: int,
+        handlers: Sequence[str],
+        crash_at: int | None,
+        seed: int,
+        db: Path,
+    ) -> None:
         self.events = events
         self.partitions = partitions
         self.handlers = tuple(handlers)
@@ -284,10 +326,13 @@ class _Demo:
 
     async def _supervise(self, manager: SharedStreamManager, name: str) -> None:
         handles: dict[str, Callable[[AsyncIterator[bytes]], AsyncIterator[Any]]] = {
-            "indexer": self.index, "auditor": self.audit, "notifier": self.notify,
+            "indexer": self.index,
+            "auditor": self.audit,
+            "notifier": self.notify,
         }
         sinks: dict[str, Callable[[Any], Awaitable[None]]] = {
-            "indexer": self.store.put, "notifier": self.send,
+            "indexer": self.store.put,
+            "notifier": self.send,
         }
         handle, sink = handles[name], sinks.get(name)
         while True:
@@ -295,8 +340,9 @@ class _Demo:
                 await manager.run_subscriber(KEY, name, handle, producer=self.producer, sink=sink)
             except _CrashRequested as crash:
                 self.crashes += 1
-                self._note(f"{crash}; re-subscribing: the events it had not finished"
-                           " are redelivered")
+                self._note(
+                    f"{crash}; re-subscribing: the events it had not finished are redelivered"
+                )
             else:
                 return
 
@@ -310,10 +356,13 @@ class _Demo:
             # "block": the slow notifier holds the poll back instead of being
             # force-failed; the grace period lets every handler join before the
             # first event is broadcast, so each event's snapshot holds all of them.
-            async with SharedStreamManager(overflow="block", subscriber_queue_size=2048,
-                                           cohort_grace_period=0.05) as manager:
-                tasks = [asyncio.create_task(self._supervise(manager, name), name=name)
-                         for name in self.handlers]
+            async with SharedStreamManager(
+                overflow="block", subscriber_queue_size=2048, cohort_grace_period=0.05
+            ) as manager:
+                tasks = [
+                    asyncio.create_task(self._supervise(manager, name), name=name)
+                    for name in self.handlers
+                ]
                 problems += await self._wait_until_drained(tasks, display)
                 elapsed = time.perf_counter() - started
                 for task in tasks:
@@ -330,14 +379,16 @@ class _Demo:
         problems += self._check_books(ids)
         return self._summary(elapsed, len(ids), duplicates, problems)
 
-    async def _wait_until_drained(self, tasks: list[asyncio.Task[None]],
-                                  display: _Display) -> list[str]:
+    async def _wait_until_drained(
+        self, tasks: list[asyncio.Task[None]], display: _Display
+    ) -> list[str]:
         drained = asyncio.create_task(self.broker.wait_drained(TOPIC, GROUP))
         progress, progress_at = -1, time.monotonic()
         try:
             while not drained.done():
-                await asyncio.wait([drained, *tasks], timeout=REFRESH_SECONDS,
-                                   return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(
+                    [drained, *tasks], timeout=REFRESH_SECONDS, return_when=asyncio.FIRST_COMPLETED
+                )
                 display.update(self)
                 if any(task.done() for task in tasks) and not drained.done():
                     return ["a handler stopped before every event was committed"]
@@ -354,8 +405,9 @@ class _Demo:
         committed = self.broker.committed(TOPIC, GROUP)
         for partition, end in self.broker.end_offsets(TOPIC).items():
             if committed[partition] != end:
-                problems.append(f"partition {partition}: committed offset "
-                                f"{committed[partition]} of {end}")
+                problems.append(
+                    f"partition {partition}: committed offset {committed[partition]} of {end}"
+                )
         origins = [record.origin for record in self.broker.records(TOPIC + ".dlq")]
         if len(set(origins)) != len(origins):
             problems.append(f"the DLQ holds {len(origins) - len(set(origins))} duplicates")
@@ -366,14 +418,17 @@ class _Demo:
             problems.append(f"{extra} events are in the DLQ but should not be")
         if "indexer" in self.handlers:
             if unindexed := sorted(self.valid_ids - ids):
-                problems.append(f"{len(unindexed)} valid events are missing from the index,"
-                                f" first ids {unindexed[:5]}")
+                problems.append(
+                    f"{len(unindexed)} valid events are missing from the index,"
+                    f" first ids {unindexed[:5]}"
+                )
             if extra := len(ids - self.valid_ids):
                 problems.append(f"the index holds {extra} events it should not")
         return problems
 
-    def _summary(self, elapsed: float, rows: int, duplicates: int,
-                 problems: list[str]) -> dict[str, Any]:
+    def _summary(
+        self, elapsed: float, rows: int, duplicates: int, problems: list[str]
+    ) -> dict[str, Any]:
         stats = self.stats()
         committed = self.broker.committed(TOPIC, GROUP)
         return {
@@ -428,8 +483,12 @@ class _RichDisplay(_Display):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
         self._console = Console()
-        self._progress = Progress(TextColumn("{task.description:>22}"), BarColumn(),
-                                  MofNCompleteColumn(), console=self._console)
+        self._progress = Progress(
+            TextColumn("{task.description:>22}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=self._console,
+        )
         self._bars: dict[str, Any] = {}
         self._handlers = handlers
 
@@ -441,14 +500,17 @@ class _RichDisplay(_Display):
             self._progress.start()
             rows = {"broadcast": "broadcast", "advanced": "advanced (committed)"}
             rows.update({name: f"{name} handled" for name in self._handlers})
-            self._bars = {key: self._progress.add_task(label, total=demo.events)
-                          for key, label in rows.items()}
+            self._bars = {
+                key: self._progress.add_task(label, total=demo.events)
+                for key, label in rows.items()
+            }
         stats = demo.stats()
         done = {"broadcast": stats.delivered, "advanced": demo.committed_total(), **demo.handled}
         for key, completed in done.items():
             # Redeliveries can take a count past the number of events.
-            self._progress.update(self._bars[key], completed=completed,
-                                  total=max(demo.events, completed))
+            self._progress.update(
+                self._bars[key], completed=completed, total=max(demo.events, completed)
+            )
 
     def abort(self) -> None:
         self._progress.stop()
@@ -460,18 +522,24 @@ class _RichDisplay(_Display):
         table = Table(title="ackgate demo", show_header=False)
         table.add_column(justify="right", style="bold")
         table.add_column()
-        offsets = "  ".join(f"p{p}={o}/{summary['end_offsets'][p]}"
-                            for p, o in summary["committed_offsets"].items())
+        offsets = "  ".join(
+            f"p{p}={o}/{summary['end_offsets'][p]}" for p, o in summary["committed_offsets"].items()
+        )
         rows = [
             ("events", f"{summary['events']} ({summary['malformed']} malformed)"),
             ("delivered", f"{summary['delivered']} ({summary['redelivered']} redelivered)"),
-            ("handler resolutions", f"{summary['acked']} acked, {summary['failed']} failed,"
-                                    f" {summary['rejected']} rejected"),
+            (
+                "handler resolutions",
+                f"{summary['acked']} acked, {summary['failed']} failed,"
+                f" {summary['rejected']} rejected",
+            ),
             ("acked by all handlers", str(summary["committed_events"])),
             ("DLQ size", str(summary["dlq_size"])),
             ("holds (seek-backs)", str(summary["holds"])),
-            ("indexer rows", f"{summary['indexer_rows']}"
-                             f" ({summary['duplicates_absorbed']} duplicates absorbed)"),
+            (
+                "indexer rows",
+                f"{summary['indexer_rows']} ({summary['duplicates_absorbed']} duplicates absorbed)",
+            ),
             ("notifier crashes", str(summary["notifier_crashes"])),
             ("elapsed", f"{summary['elapsed_seconds']:.2f} s"),
             ("throughput", f"{summary['throughput_events_per_second']} events/s"),
@@ -485,7 +553,8 @@ class _RichDisplay(_Display):
             self._console.print(
                 f"[green]Books balance: {summary['events']} committed"
                 f" ({summary['dlq_size']} dead-lettered)"
-                + ("" if indexed is None else f"; {indexed} indexed exactly once") + ".[/]"
+                + ("" if indexed is None else f"; {indexed} indexed exactly once")
+                + ".[/]"
             )
         else:
             for problem in summary["discrepancies"]:

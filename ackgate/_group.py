@@ -349,9 +349,7 @@ class Group:
             waiters.clear()
 
     def _refresh_min_cursor(self) -> int:
-        self._min_cursor_hint = min(
-            (sub._cursor for sub in self.active), default=self.log.head
-        )
+        self._min_cursor_hint = min((sub._cursor for sub in self.active), default=self.log.head)
         return self._min_cursor_hint
 
     def _fail_overflowing(self, event: Event) -> None:

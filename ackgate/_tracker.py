@@ -124,8 +124,7 @@ class LaneTracker:
             lane.in_flight = batch
             self.in_flight_calls += 1
             items = [
-                AdvanceItem(e.payload, AdvanceOutcome(e.acked, e.failed, e.rejected))
-                for e in batch
+                AdvanceItem(e.payload, AdvanceOutcome(e.acked, e.failed, e.rejected)) for e in batch
             ]
             try:
                 await producer.advance(items)

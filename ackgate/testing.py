@@ -22,7 +22,8 @@ class ScriptedProducer(SharedStreamProducer):
     ``feed(raw, payload)`` queues one event; ``end()`` makes the stream return;
     ``fail(exc)`` makes it raise. Every ``advance`` batch is appended to
     ``batches``; set ``advance_error`` to make the next advance raise it, or
-    ``advance_gate`` to an ``asyncio.Event`` that advances wait for.
+    ``advance_gate`` to an ``asyncio.Event`` that advances wait for. Create it
+    inside the event loop that runs the group.
     """
 
     def __init__(self, lane: Callable[[Any], Hashable] | None = None) -> None:
@@ -38,6 +39,8 @@ class ScriptedProducer(SharedStreamProducer):
         self.stream_closed = 0
         self.closed = 0
         self.advanced = asyncio.Condition()
+        #: Set while the stream waits for the test to feed it: all fed items were yielded.
+        self.starved = asyncio.Event()
 
     def _queue(self) -> asyncio.Queue[Any]:
         if self._items is None:
@@ -61,6 +64,7 @@ class ScriptedProducer(SharedStreamProducer):
         self._put(error)
 
     def _put(self, item: Any) -> None:
+        self.starved.clear()
         try:
             self._queue().put_nowait(item)
         except RuntimeError:  # no running loop yet
@@ -71,7 +75,10 @@ class ScriptedProducer(SharedStreamProducer):
         queue = self._queue()
         try:
             while True:
+                if queue.empty():
+                    self.starved.set()
                 item = await queue.get()
+                self.starved.clear()
                 if item is _END:
                     return
                 if isinstance(item, BaseException):

@@ -101,9 +101,10 @@ async def test_lane_is_computed_once_per_event(manager: SharedStreamManager) -> 
     producer = ScriptedProducer(lane=lane)  # type: ignore[arg-type]
     for i in range(5):
         producer.feed(i, i)
-    async with manager.subscribe("k", "a", producer=lambda: producer) as a, manager.subscribe(
-        "k", "b", producer=lambda: producer
-    ) as b:
+    async with (
+        manager.subscribe("k", "a", producer=lambda: producer) as a,
+        manager.subscribe("k", "b", producer=lambda: producer) as b,
+    ):
         for _ in range(5):
             await anext(a)
             await anext(b)
@@ -301,6 +302,4 @@ async def test_aclose_error_is_logged_not_raised(
     with caplog.at_level(logging.WARNING, logger="ackgate"):
         async with manager.subscribe("k", "s", producer=lambda: producer) as sub:
             await anext(sub)
-    assert any(
-        r.levelno == logging.WARNING and "aclose" in r.getMessage() for r in caplog.records
-    )
+    assert any(r.levelno == logging.WARNING and "aclose" in r.getMessage() for r in caplog.records)

@@ -166,7 +166,6 @@ async def test_overflow_block_waits_for_room_instead(clock: FakeClock) -> None:
         await turn()
         assert not waiting.done()  # the poll waits for the slow one's room
 
-
         async def rest_of_fast() -> list[Any]:
             return [await waiting] + [await anext(fast) for _ in range(7)]
 

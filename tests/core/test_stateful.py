@@ -1,0 +1,538 @@
+"""Random interleavings of everything that can happen to a group, checked after every step.
+
+A model predicts, for every event, exactly which subscribers are in its snapshot
+and how each resolves it; the producer checks every advance against the model
+when it is called. Invariants (SPEC §2, §3, §6):
+
+* advances within a lane come in fan-out order, each batch is a contiguous
+  prefix of one lane, and no event is advanced twice;
+* an event is advanced only after every subscriber in its snapshot resolved it,
+  with outcome counts equal to the model's (so they sum to the snapshot size);
+* at most one advance in flight per lane and at most ``max_concurrent_advances``
+  overall; nothing is advanced after an advance raised;
+* liveness: when a group stops, every event resolved before the stop whose lane
+  predecessors were resolved too has been advanced.
+
+``ACKGATE_HYPOTHESIS_EXAMPLES`` sets the number of examples (default 2000).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from ackgate import (
+    AckTimeout,
+    AdvanceFailed,
+    AdvanceItem,
+    SharedStreamManager,
+    StreamTerminated,
+    SubscriberOverflow,
+    Subscription,
+)
+from ackgate.testing import FakeClock, ScriptedProducer
+
+EXAMPLES = int(os.environ.get("ACKGATE_HYPOTHESIS_EXAMPLES", "2000"))
+# Ack timeout in fake seconds. The fake clock drives every expiry; the real-time
+# timer would sleep this long (capped at an hour), so it never fires in a test.
+ACK_TIMEOUT = 1e6
+QUEUE_SIZE = 3
+NAMES = ("s0", "s1", "s2")
+
+
+@dataclass
+class MEvent:
+    id: int
+    lane: int
+    broadcast_at: float
+    snapshot: set[str]
+    resolved: dict[str, str] = field(default_factory=dict)
+    resolved_step: int | None = None
+    advanced: bool = False
+
+    def counts(self) -> tuple[int, int, int]:
+        values = list(self.resolved.values())
+        return values.count("acked"), values.count("failed"), values.count("rejected")
+
+
+@dataclass
+class Generation:
+    """One group's lifetime: one producer, its events and its members."""
+
+    producer: CheckingProducer
+    events: dict[int, MEvent] = field(default_factory=dict)
+    order: list[int] = field(default_factory=list)
+    lanes: dict[int, list[int]] = field(default_factory=dict)
+    next_to_advance: dict[int, int] = field(default_factory=dict)
+    in_flight_lanes: set[int] = field(default_factory=set)
+    members: dict[str, MSub] = field(default_factory=dict)
+    terminal: type[StreamTerminated] | None = None
+    terminal_step: int | None = None
+    advance_failed: bool = False
+
+
+@dataclass
+class MSub:
+    token: str
+    name: str
+    sub: Subscription
+    gen: Generation
+    state: str = "active"  # active | failed | left
+    failure: type[Exception] | None = None
+    queue: deque[int] = field(default_factory=deque)
+    current: int | None = None
+    current_resolved: bool = False
+    bindings: dict[int, set[int]] = field(default_factory=dict)
+    closed_windows: set[int] = field(default_factory=set)
+
+
+class CheckingProducer(ScriptedProducer):
+    def __init__(self, machine: GroupMachine) -> None:
+        super().__init__(lane=lambda payload: payload[0])
+        self.machine = machine
+        self.generation: Generation | None = None
+
+    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        assert self.generation is not None
+        self.machine.advance_started(self.generation, batch)
+        ok = False
+        try:
+            await super().advance(batch)
+            ok = True
+        finally:
+            self.machine.advance_ended(self.generation, batch, ok)
+
+
+class GroupMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.clock = FakeClock()
+        self.step = 0
+        self.subs: list[MSub] = []
+        self.seqs: list[int] = []
+        self.binding_of: dict[int, tuple[MSub, int]] = {}
+        self.generations: list[Generation] = []
+        self.gen: Generation | None = None
+        self.tokens = 0
+        self.next_event = 0
+        self.cap = 1
+        self.lanes = 1
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.manager: SharedStreamManager | None = None
+
+    # -- plumbing ------------------------------------------------------------------
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(asyncio.wait_for(coro, 5))
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        """Call a synchronous API inside the loop, as a handler would."""
+
+        async def inside() -> Any:
+            return fn(*args)
+
+        return self.run(inside())
+
+    def settle(self) -> None:
+        async def turns() -> None:
+            for _ in range(40):
+                await asyncio.sleep(0)
+
+        self.run(turns())
+
+    def teardown(self) -> None:
+        try:
+            self.gate.set()
+            for msub in list(self.subs):
+                if msub.state != "left":
+                    self.leave_model(msub, crashed=False)
+                    self.run(msub.sub.aclose())
+            assert self.manager is not None
+            self.run(self.manager.aclose())
+            self.settle()
+            for gen in self.generations:
+                self.check_liveness(gen)
+        finally:
+            self.loop.close()
+
+    # -- the model -----------------------------------------------------------------
+
+    def resolve(self, gen: Generation, event_id: int, token: str, how: str) -> None:
+        event = gen.events[event_id]
+        assert token in event.snapshot and token not in event.resolved, (event, token, how)
+        event.resolved[token] = how
+        if len(event.resolved) == len(event.snapshot):
+            event.resolved_step = self.step
+
+    def force_fail(self, msub: MSub, failure: type[Exception]) -> None:
+        gen = msub.gen
+        if msub.state == "active":
+            msub.state = "failed"
+        msub.failure = failure
+        if msub.current is not None and not msub.current_resolved:
+            msub.current_resolved = True
+            self.resolve(gen, msub.current, msub.token, "failed")
+            msub.bindings.pop(msub.current, None)
+        for event_id in list(msub.bindings):
+            if event_id in msub.closed_windows:
+                self.resolve(gen, event_id, msub.token, "failed")
+        self.drop_bindings(msub, list(msub.bindings))
+        for event_id in msub.queue:
+            self.resolve(gen, event_id, msub.token, "failed")
+        msub.queue.clear()
+
+    def drop_bindings(self, msub: MSub, event_ids: list[int]) -> None:
+        for event_id in event_ids:
+            for seq in msub.bindings.pop(event_id, set()):
+                self.binding_of.pop(seq, None)
+            msub.closed_windows.discard(event_id)
+
+    def check_timeouts(self, gen: Generation) -> None:
+        for event_id in gen.order:
+            event = gen.events[event_id]
+            if len(event.resolved) < len(event.snapshot):
+                if self.clock() - event.broadcast_at >= ACK_TIMEOUT:
+                    self.expire(gen)
+                return
+
+    def expire(self, gen: Generation) -> None:
+        now = self.clock()
+        for event_id in gen.order:
+            event = gen.events[event_id]
+            if len(event.resolved) == len(event.snapshot):
+                continue
+            if now - event.broadcast_at < ACK_TIMEOUT:
+                return
+            owers = [m for m in self.subs if m.gen is gen and m.token in event.snapshot]
+            for msub in owers:
+                if msub.token not in event.resolved:
+                    self.force_fail(msub, AckTimeout)
+
+    def close_window(self, msub: MSub) -> None:
+        current = msub.current
+        if current is None:
+            return
+        msub.current = None
+        if msub.current_resolved:
+            return
+        if msub.bindings.get(current):
+            msub.closed_windows.add(current)
+        else:
+            msub.bindings.pop(current, None)
+            self.resolve(msub.gen, current, msub.token, "acked")
+
+    def terminate(self, gen: Generation, kind: type[StreamTerminated]) -> None:
+        if gen.terminal is not None:
+            return
+        gen.terminal = kind
+        gen.terminal_step = self.step
+        for msub in gen.members.values():
+            if msub.state == "active":
+                for event_id in msub.queue:
+                    self.resolve(gen, event_id, msub.token, "failed")
+                msub.queue.clear()
+
+    def leave_model(self, msub: MSub, *, crashed: bool) -> None:
+        gen = msub.gen
+        if msub.state == "active":
+            if msub.current is not None and not msub.current_resolved:
+                if crashed:
+                    msub.current_resolved = True
+                    self.drop_bindings(msub, [msub.current])
+                    self.resolve(gen, msub.current, msub.token, "failed")
+                    msub.current = None
+                else:
+                    self.close_window(msub)
+            msub.current = None
+            for event_id in msub.queue:
+                self.resolve(gen, event_id, msub.token, "failed")
+            msub.queue.clear()
+        msub.state = "left"
+        del gen.members[msub.name]
+        if not gen.members:
+            self.gate.set()  # the last leave waits for the final advances
+            self.terminate(gen, StreamTerminated)
+
+    # -- the producer's checks -----------------------------------------------------
+
+    def advance_started(self, gen: Generation, batch: Sequence[AdvanceItem]) -> None:
+        assert not gen.advance_failed, "advance started after an advance raised"
+        assert batch, "empty batch"
+        lanes = {item.broker_payload[0] for item in batch}
+        assert len(lanes) == 1, f"batch spans lanes {lanes}"
+        [lane] = lanes
+        assert lane not in gen.in_flight_lanes, "two advances in flight on one lane"
+        assert len(gen.in_flight_lanes) < self.cap, "more advances in flight than the cap"
+        start = gen.next_to_advance.get(lane, 0)
+        expected = gen.lanes[lane][start : start + len(batch)]
+        assert [item.broker_payload[1] for item in batch] == expected, "not the lane's prefix"
+        for item in batch:
+            event = gen.events[item.broker_payload[1]]
+            assert not event.advanced, "advanced twice"
+            assert len(event.resolved) == len(event.snapshot), f"unresolved: {event}"
+            outcome = item.outcome
+            assert (outcome.acked, outcome.failed, outcome.rejected) == event.counts(), event
+            assert outcome.acked + outcome.failed + outcome.rejected == len(event.snapshot)
+        gen.in_flight_lanes.add(lane)
+
+    def advance_ended(self, gen: Generation, batch: Sequence[AdvanceItem], ok: bool) -> None:
+        lane = batch[0].broker_payload[0]
+        gen.in_flight_lanes.discard(lane)
+        if not ok:
+            gen.advance_failed = True
+            self.terminate(gen, AdvanceFailed)
+            return
+        for item in batch:
+            gen.events[item.broker_payload[1]].advanced = True
+        gen.next_to_advance[lane] = gen.next_to_advance.get(lane, 0) + len(batch)
+
+    def check_liveness(self, gen: Generation) -> None:
+        if gen.advance_failed or gen.terminal_step is None:
+            return
+        for lane, ids in gen.lanes.items():
+            for event_id in ids:
+                event = gen.events[event_id]
+                if event.resolved_step is None or event.resolved_step > gen.terminal_step:
+                    break
+                assert event.advanced, f"lane {lane}: resolved {event} never advanced"
+
+    # -- rules ---------------------------------------------------------------------
+
+    @initialize(cap=st.integers(1, 3), lanes=st.integers(1, 4))
+    def start(self, cap: int, lanes: int) -> None:
+        self.cap, self.lanes = cap, lanes
+
+        async def make() -> SharedStreamManager:
+            return SharedStreamManager(
+                ack_timeout=ACK_TIMEOUT,
+                subscriber_queue_size=QUEUE_SIZE,
+                max_concurrent_advances=cap,
+                clock=self.clock,
+            )
+
+        self.manager = self.run(make())
+
+    def live(self) -> list[MSub]:
+        return [m for m in self.subs if m.state != "left"]
+
+    @rule(name=st.sampled_from(NAMES))
+    def subscribe(self, name: str) -> None:
+        assert self.manager is not None
+        gen = self.gen
+        if gen is None or gen.terminal is not None:
+            producer = CheckingProducer(self)
+            producer.advance_gate = self.gate
+            gen = Generation(producer)
+            producer.generation = gen
+            self.generations.append(gen)
+            self.gen = gen
+        manager = self.manager
+
+        async def subscribe() -> Subscription:
+            return manager.subscribe("key", name, producer=lambda: gen.producer)
+
+        if name in gen.members:
+            try:
+                self.run(subscribe())
+            except ValueError:
+                return
+            raise AssertionError("a duplicate live subscriber was accepted")
+        sub = self.run(subscribe())
+        self.tokens += 1
+        msub = MSub(f"{name}#{self.tokens}", name, sub, gen)
+        gen.members[name] = msub
+        self.subs.append(msub)
+        self.settle()
+
+    @precondition(lambda self: self.gen is not None and self.gen.terminal is None)
+    @rule(lane=st.integers(0, 3))
+    def producer_yields(self, lane: int) -> None:
+        gen = self.gen
+        assert gen is not None
+        lane %= self.lanes
+        event_id = self.next_event
+        self.next_event += 1
+        # The model: expire first, then the snapshot, then overflow.
+        self.check_timeouts(gen)
+        snapshot = {m.token for m in gen.members.values() if m.state == "active"}
+        event = MEvent(event_id, lane, self.clock(), snapshot)
+        if not snapshot:
+            event.resolved_step = self.step
+        gen.events[event_id] = event
+        gen.order.append(event_id)
+        gen.lanes.setdefault(lane, []).append(event_id)
+        for msub in gen.members.values():
+            if msub.token in snapshot:
+                msub.queue.append(event_id)
+        for msub in list(gen.members.values()):
+            if msub.state == "active" and len(msub.queue) > QUEUE_SIZE:
+                self.force_fail(msub, SubscriberOverflow)
+        # The model moved first: the broadcast may cause advances at once.
+        gen.producer.feed(f"raw-{event_id}", (lane, event_id))
+
+        self.run(gen.producer.starved.wait())  # every fed item was yielded
+        self.settle()
+
+    @precondition(lambda self: self.gen is not None and self.gen.terminal is None)
+    @rule(fail=st.booleans())
+    def upstream_ends(self, fail: bool) -> None:
+        gen = self.gen
+        assert gen is not None and gen.producer.opened
+        if fail:
+            gen.producer.fail(ConnectionError("upstream broke"))
+        else:
+            gen.producer.end()
+        self.terminate(gen, StreamTerminated)
+        self.settle()
+
+    @rule(data=st.data())
+    def pull(self, data: st.DataObject) -> None:
+        candidates = [
+            m for m in self.subs if m.state != "active" or m.queue or m.gen.terminal is not None
+        ]
+        if not candidates:
+            return
+        msub = data.draw(st.sampled_from(candidates))
+        gen = msub.gen
+        expected: Any
+        if msub.state == "left":
+            expected = StopAsyncIteration
+        else:
+            self.check_timeouts(gen)
+            self.close_window(msub)
+            if msub.failure is not None:
+                expected = msub.failure
+            elif gen.terminal is not None:
+                expected = gen.terminal
+            else:
+                expected = msub.queue.popleft()
+                msub.current = expected
+                msub.current_resolved = False
+        try:
+            got = self.run(anext(msub.sub))
+        except (StopAsyncIteration, StreamTerminated, AckTimeout, SubscriberOverflow) as exc:
+            assert isinstance(expected, type) and type(exc) is expected, (exc, expected)
+        else:
+            assert got == f"raw-{expected}", (got, expected)
+        self.settle()
+
+    @rule(data=st.data())
+    def bind(self, data: st.DataObject) -> None:
+        if not self.subs:
+            return
+        msub = data.draw(st.sampled_from(self.subs))
+        seq = self.call(msub.sub.bind)
+        if msub.current is None or msub.current_resolved or msub.state == "left":
+            assert seq is None
+            return
+        assert isinstance(seq, int) and seq not in self.binding_of
+        msub.bindings.setdefault(msub.current, set()).add(seq)
+        self.binding_of[seq] = (msub, msub.current)
+        self.seqs.append(seq)
+
+    @rule(data=st.data(), garbage=st.lists(st.sampled_from([None, -1, 10**9, "7", 2.0])))
+    def confirm(self, data: st.DataObject, garbage: list[Any]) -> None:
+        assert self.manager is not None
+        chosen = data.draw(st.lists(st.sampled_from(self.seqs), max_size=4)) if self.seqs else []
+        for seq in chosen:
+            found = self.binding_of.pop(seq, None)
+            if found is None:
+                continue
+            msub, event_id = found
+            outstanding = msub.bindings[event_id]
+            outstanding.discard(seq)
+            if not outstanding and event_id in msub.closed_windows:
+                msub.closed_windows.discard(event_id)
+                del msub.bindings[event_id]
+                self.resolve(msub.gen, event_id, msub.token, "acked")
+        self.call(self.manager.confirm_persisted, [*chosen, *garbage])
+        self.settle()
+
+    @rule(data=st.data())
+    def reject(self, data: st.DataObject) -> None:
+        if not self.subs:
+            return
+        msub = data.draw(st.sampled_from(self.subs))
+        # The model moves first: the real call lets the loop run the advances it causes.
+        if msub.state != "left" and msub.current is not None and not msub.current_resolved:
+            msub.current_resolved = True
+            self.drop_bindings(msub, [msub.current])
+            self.resolve(msub.gen, msub.current, msub.token, "rejected")
+        self.call(msub.sub.reject)
+        self.settle()
+
+    @rule(data=st.data(), crashed=st.booleans())
+    def leave(self, data: st.DataObject, crashed: bool) -> None:
+        live = self.live()
+        if not live:
+            return
+        msub = data.draw(st.sampled_from(live))
+        self.leave_model(msub, crashed=crashed)
+
+        async def leave() -> None:
+            if crashed:
+                try:
+                    async with msub.sub:
+                        raise RuntimeError("handler crashed")
+                except RuntimeError:
+                    pass
+            else:
+                await msub.sub.aclose()
+
+        self.run(leave())
+        self.settle()
+
+    @rule(seconds=st.sampled_from([1.0, ACK_TIMEOUT / 2, ACK_TIMEOUT]))
+    def clock_advances(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+    @precondition(lambda self: self.gen is not None and self.gen.terminal is None)
+    @rule()
+    def next_advance_raises(self) -> None:
+        assert self.gen is not None
+        self.gen.producer.advance_error = RuntimeError("commit refused")
+
+    @rule(open_=st.booleans())
+    def advance_gate(self, open_: bool) -> None:
+        live_gens = [g for g in self.generations if g.members]
+        if open_ or not live_gens:
+            self.gate.set()
+        else:
+            self.gate.clear()
+        self.settle()
+
+    @invariant()
+    def stats_agree_with_the_model(self) -> None:
+        self.step += 1
+        if self.manager is None or self.gen is None or self.gen.terminal is not None:
+            return
+        stats = {s.key: s for s in self.manager.stats()}
+        if "key" not in stats:
+            return
+        active = sum(1 for m in self.gen.members.values() if m.state == "active")
+        failed = sum(1 for m in self.gen.members.values() if m.state == "failed")
+        assert (stats["key"].subscribers, stats["key"].failed_subscribers) == (active, failed)
+        advanced = sum(1 for e in self.gen.events.values() if e.advanced)
+        assert stats["key"].advanced_events == advanced
+        assert stats["key"].outstanding == len(self.gen.events) - advanced
+
+
+GroupMachine.TestCase.settings = settings(
+    max_examples=EXAMPLES,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    report_multiple_bugs=False,
+    database=None,
+)
+test_random_interleavings = GroupMachine.TestCase
