@@ -32,3 +32,9 @@ def test_custom_producer(tmp_path: Path) -> None:
     assert "done: ['eu/001.flag', 'eu/003.flag', 'us/001.flag', 'us/002.flag']" in out
     assert "rejected: ['eu/002.flag']" in out
     assert out.count("handled ") == 5
+
+
+def test_readme_quickstart_is_the_example() -> None:
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    assert block == (REPO / "examples" / "quickstart.py").read_text()
