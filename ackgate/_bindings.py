@@ -1,9 +1,14 @@
-"""Bindings: derived outputs tied to the raw event they were derived from.
+"""Bound outputs: derived outputs tied to the raw event they were derived from.
 
 A subscriber's part in an event resolves as ``acked`` only once its window on the
 event is closed *and* every output it bound inside that window was confirmed
-persisted. One :class:`Binding` exists per (subscriber, event) that bound at least
-one output; the registry maps each sequence number to it.
+persisted. The registry maps each sequence number to ``(subscription, event)``;
+the subscription counts its unconfirmed outputs per event (``_outputs``).
+
+An entry is *live* while its event is still in its subscription's ``_outputs``.
+When an event resolves another way (rejected, failed) its numbers go *stale*: they
+stay in the registry until confirmed or swept, so dropping them costs nothing on
+the hot path, and the sweep keeps the registry no larger than twice its live part.
 """
 
 from __future__ import annotations
@@ -15,42 +20,23 @@ if TYPE_CHECKING:
     from ackgate._log import Event
     from ackgate._subscription import Subscription
 
-
-class Binding:
-    """Invariant: ``outstanding`` equals the number of this binding's sequence numbers
-    still in the registry, until the binding is abandoned (``forget``)."""
-
-    __slots__ = ("event", "extra_seqs", "first_seq", "outstanding", "subscriber", "window_open")
-
-    def __init__(self, subscriber: Subscription, event: Event) -> None:
-        self.subscriber = subscriber
-        self.event = event
-        self.outstanding = 0
-        self.window_open = True
-        self.first_seq = 0
-        self.extra_seqs: list[int] | None = None  # rare: more than one output per event
+_SWEEP_MINIMUM = 1024
 
 
-class BindingRegistry:
+class OutputRegistry:
     """Sequence numbers of one manager. Numbers are unique per manager and start at 1."""
 
-    __slots__ = ("_by_seq", "_next_seq")
+    __slots__ = ("_by_seq", "_next_seq", "_stale")
 
     def __init__(self) -> None:
-        self._by_seq: dict[int, Binding] = {}
+        self._by_seq: dict[int, tuple[Subscription, Event]] = {}
         self._next_seq = 1
+        self._stale = 0  # an upper bound of the stale entries in _by_seq
 
-    def bind(self, binding: Binding) -> int:
+    def bind(self, subscription: Subscription, event: Event) -> int:
         seq = self._next_seq
         self._next_seq = seq + 1
-        self._by_seq[seq] = binding
-        if binding.outstanding == 0 and binding.extra_seqs is None:
-            binding.first_seq = seq
-        elif binding.extra_seqs is None:
-            binding.extra_seqs = [seq]
-        else:
-            binding.extra_seqs.append(seq)
-        binding.outstanding += 1
+        self._by_seq[seq] = (subscription, event)
         return seq
 
     def confirm(self, seqs: Iterable[object]) -> None:
@@ -59,21 +45,18 @@ class BindingRegistry:
         for seq in seqs:
             if type(seq) is not int:  # bool, str, None, unhashables: never a sequence number
                 continue
-            binding = by_seq.pop(seq, None)
-            if binding is None:
-                continue
-            binding.outstanding -= 1
-            if binding.outstanding == 0 and not binding.window_open:
-                binding.subscriber._binding_settled(binding)
+            entry = by_seq.pop(seq, None)
+            if entry is not None and not entry[0]._output_confirmed(entry[1]):
+                self._stale -= 1
 
-    def forget(self, binding: Binding) -> None:
-        """Drop a binding's unconfirmed numbers: its event resolved another way."""
-        by_seq = self._by_seq
-        by_seq.pop(binding.first_seq, None)
-        if binding.extra_seqs is not None:
-            for seq in binding.extra_seqs:
-                by_seq.pop(seq, None)
-        binding.outstanding = 0
+    def abandoned(self, count: int) -> None:
+        """``count`` numbers went stale: their event resolved without them."""
+        self._stale += count
+        if self._stale >= _SWEEP_MINIMUM and 2 * self._stale >= len(self._by_seq):
+            self._by_seq = {
+                seq: entry for seq, entry in self._by_seq.items() if entry[1] in entry[0]._outputs
+            }
+            self._stale = 0
 
     def __len__(self) -> int:
         return len(self._by_seq)

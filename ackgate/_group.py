@@ -21,7 +21,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from ackgate._bindings import BindingRegistry
+from ackgate._bindings import OutputRegistry
 from ackgate._errors import (
     AckTimeout,
     AdvanceFailed,
@@ -58,7 +58,7 @@ class Group:
         *,
         ack_mode: bool,
         config: GroupConfig,
-        bindings: BindingRegistry,
+        bindings: OutputRegistry,
         release: Callable[[Group], None],
     ) -> None:
         self.key = key
@@ -80,13 +80,13 @@ class Group:
         self._config = config
         self._factory = factory
         self._release = release
-        self._clock = config.clock
-        self._ack_timeout = config.ack_timeout
+        self.clock = config.clock
+        self.ack_timeout = config.ack_timeout
         self._queue_size = config.subscriber_queue_size
         #: A lower bound of the smallest cursor among active subscribers.
         self._min_cursor_hint = 0
         #: Ack mode: broadcast events in order, possibly resolved (pruned lazily).
-        self._unresolved: deque[Event] = deque()
+        self.unresolved: deque[Event] = deque()
         self._timer_wakeup: asyncio.Future[None] | None = None
         self._producer: SharedStreamProducer | None = None
         self._poll_exited = False
@@ -114,17 +114,14 @@ class Group:
             if current is not None and not sub._current_resolved:
                 if crashed:
                     sub._current_resolved = True
-                    binding = sub._bindings.pop(current, None)
-                    if binding is not None:
-                        self.bindings.forget(binding)
+                    self.bindings.abandoned(sub._outputs.pop(current, 0))
                     self.resolve(current, "failed")
                 else:
                     sub._close_window(current)
             sub._current = None
-            sub._current_binding = None
         if sub._failure is None:
             self._skip_queued(sub)  # a force-failed subscriber skipped them already
-        if sub._bindings:
+        if sub._outputs:
             self.departed.add(sub)
         self._wake(sub)
         if self.blocked:
@@ -151,6 +148,14 @@ class Group:
             waiter.set_result(None)
 
     # -- resolution ----------------------------------------------------------------
+
+    def resolve_acked(self, event: Event) -> None:
+        """One subscriber in ``event``'s snapshot moved past it, outputs confirmed."""
+        assert event.pending > 0, "resolved more often than its snapshot allows"
+        event.acked += 1
+        event.pending -= 1
+        if event.pending == 0:
+            self.tracker.resolved(event)
 
     def resolve(self, event: Event, how: Resolution) -> None:
         """One subscriber in ``event``'s snapshot resolved it."""
@@ -181,13 +186,12 @@ class Group:
             current = sub._current
             if current is not None and not sub._current_resolved:
                 sub._current_resolved = True
-                if current not in sub._bindings:
+                if current not in sub._outputs:
                     self.resolve(current, "failed")
-            sub._current_binding = None
-            for owed, binding in sub._bindings.items():
-                self.bindings.forget(binding)
+            for owed, count in sub._outputs.items():
+                self.bindings.abandoned(count)
                 self.resolve(owed, "failed")
-            sub._bindings.clear()
+            sub._outputs.clear()
             self.departed.discard(sub)
         if not sub._left:
             self._skip_queued(sub)
@@ -197,25 +201,19 @@ class Group:
 
     # -- ack timeout ---------------------------------------------------------------
 
-    def check_timeouts(self) -> None:
-        """Cheap: looks at the oldest unresolved event only."""
-        unresolved = self._unresolved
-        if unresolved and self._clock() - unresolved[0].broadcast_at >= self._ack_timeout:
-            self._expire()
-
-    def _expire(self) -> None:
-        now = self._clock()
-        unresolved = self._unresolved
+    def expire(self) -> None:
+        now = self.clock()
+        unresolved = self.unresolved
         while unresolved:
             event = unresolved[0]
             if event.pending == 0:
                 unresolved.popleft()
                 continue
-            if now - event.broadcast_at < self._ack_timeout:
+            if now - event.broadcast_at < self.ack_timeout:
                 return
             error_text = (
                 f"subscriber did not resolve the event at position {event.position} "
-                f"(lane {event.lane_key!r}) within ack_timeout={self._ack_timeout}s"
+                f"(lane {event.lane_key!r}) within ack_timeout={self.ack_timeout}s"
             )
             for sub in [*self.members.values(), *self.departed]:
                 if self._owes(sub, event):
@@ -226,7 +224,7 @@ class Group:
     def _owes(sub: Subscription, event: Event) -> bool:
         if sub._failure is not None:
             return False
-        if event in sub._bindings:
+        if event in sub._outputs:
             return True
         if sub._current is event:
             return not sub._current_resolved
@@ -235,18 +233,18 @@ class Group:
     async def _watch_timeouts(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            unresolved = self._unresolved
+            unresolved = self.unresolved
             while unresolved and unresolved[0].pending == 0:
                 unresolved.popleft()
             if not unresolved:
                 self._timer_wakeup = loop.create_future()
                 await self._timer_wakeup
                 continue
-            delay = unresolved[0].broadcast_at + self._ack_timeout - self._clock()
+            delay = unresolved[0].broadcast_at + self.ack_timeout - self.clock()
             if delay > 0:
                 # Re-checked at least hourly, so an infinite ack_timeout is fine too.
                 await asyncio.sleep(min(delay, 3600.0))
-            self._expire()
+            self.expire()
 
     # -- polling and fan-out -------------------------------------------------------
 
@@ -323,10 +321,10 @@ class Group:
         log = self.log
         if self.ack_mode:
             lane = self.tracker.lane_for(lane_key)  # TypeError if unhashable
-            now = self._clock()
-            unresolved = self._unresolved
-            if unresolved and now - unresolved[0].broadcast_at >= self._ack_timeout:
-                self._expire()  # before the snapshot: the expired are not in it
+            now = self.clock()
+            unresolved = self.unresolved
+            if unresolved and now - unresolved[0].broadcast_at >= self.ack_timeout:
+                self.expire()  # before the snapshot: the expired are not in it
             snapshot = len(self.active)
             event = Event(log.head, raw, payload, lane_key, lane, snapshot, now)
             self.tracker.add(event)

@@ -73,29 +73,30 @@ class EventLog:
     events' positions in the stream (0, 1, 2, ...), so a cursor is a position.
     """
 
-    __slots__ = ("_base", "_entries", "head")
+    __slots__ = ("base", "entries", "head")
 
     def __init__(self) -> None:
-        self._entries: deque[Event] = deque()
-        self._base = 0  # position of _entries[0]
+        self.entries: deque[Event] = deque()
+        #: Position of ``entries[0]``. Invariant: ``base + len(entries) == head``.
+        self.base = 0
         self.head = 0
 
     def append(self, event: Event) -> None:
         assert event.position == self.head
-        self._entries.append(event)
+        self.entries.append(event)
         self.head += 1
         if event.undelivered == 0:
             self.trim()
 
     def at(self, position: int) -> Event:
-        return self._entries[position - self._base]
+        return self.entries[position - self.base]
 
     def trim(self) -> None:
         """Drop leading entries that nobody will be handed any more."""
-        entries = self._entries
+        entries = self.entries
         while entries and entries[0].undelivered == 0:
             entries.popleft()
-            self._base += 1
+            self.base += 1
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.entries)

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable, Hashable, Iterable
 from types import TracebackType
 from typing import Any, Literal
 
-from ackgate._bindings import BindingRegistry
+from ackgate._bindings import OutputRegistry
 from ackgate._errors import StreamTerminated
 from ackgate._group import Group, GroupConfig
 from ackgate._producer import SharedStreamProducer
@@ -76,7 +76,7 @@ class SharedStreamManager:
         )
         self._groups: dict[Hashable, Group] = {}
         self._stopping: set[Group] = set()
-        self._bindings = BindingRegistry()
+        self._bindings = OutputRegistry()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self._closed = False

@@ -15,8 +15,6 @@ from contextvars import ContextVar
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from ackgate._bindings import Binding
-
 if TYPE_CHECKING:
     from ackgate._group import Group
     from ackgate._log import Event
@@ -54,6 +52,7 @@ class Subscription:
 
     def __init__(self, group: Group, subscriber_id: Hashable, position: int) -> None:
         self._group = group
+        self._registry = group.bindings
         self.key: Hashable = group.key
         self.subscriber_id = subscriber_id
         #: First stream position whose snapshot includes this subscriber.
@@ -64,9 +63,9 @@ class Subscription:
         self._current: Event | None = None
         #: Whether this subscriber's part in ``_current`` is already resolved.
         self._current_resolved = False
-        self._current_binding: Binding | None = None
-        #: Unresolved bindings by event, the open window's included.
-        self._bindings: dict[Event, Binding] = {}
+        #: Unconfirmed outputs per event whose part is not resolved yet, the open
+        #: window's included. Invariant: never holds an event this subscriber resolved.
+        self._outputs: dict[Event, int] = {}
         #: Set when force-failed: what the next pull raises.
         self._failure: Exception | None = None
         self._left = False
@@ -88,11 +87,16 @@ class Subscription:
         ``StopAsyncIteration`` after the subscription was closed. Cancellation
         while waiting hands out nothing and changes nothing.
         """
+        # The hot path of the whole library: once per event per subscriber. Kept
+        # flat on purpose (no helper calls on the common path).
         group = self._group
         if self._left:
             raise StopAsyncIteration
-        if group.ack_mode:
-            group.check_timeouts()
+        ack_mode = group.ack_mode
+        if ack_mode:
+            unresolved = group.unresolved
+            if unresolved and group.clock() - unresolved[0].broadcast_at >= group.ack_timeout:
+                group.expire()
             current = self._current
             if current is not None:
                 self._close_window(current)
@@ -112,39 +116,42 @@ class Subscription:
                 self._waiter = None
             if self._left:
                 raise StopAsyncIteration
-        event = log.at(self._cursor)
-        self._cursor += 1
+        cursor = self._cursor
+        event = log.entries[cursor - log.base]
+        self._cursor = cursor + 1
         event.undelivered -= 1
         if event.undelivered == 0:
             log.trim()
         if group.blocked:
             group.room.set()
-        if group.ack_mode:
+        if ack_mode:
             self._current = event
             self._current_resolved = False
-            _current_subscription.set(self)
+            if _current_subscription.get() is not self:
+                _current_subscription.set(self)
         return event.raw
 
     def _close_window(self, event: Event) -> None:
         self._current = None
-        binding = self._current_binding
-        self._current_binding = None
-        if self._current_resolved:
-            return
-        if binding is None:
-            self._group.resolve(event, "acked")
-        elif binding.outstanding == 0:
-            del self._bindings[event]
-            self._group.resolve(event, "acked")
-        else:
-            binding.window_open = False
+        if not self._current_resolved and event not in self._outputs:
+            self._group.resolve_acked(event)
+        # Otherwise the last confirmation resolves it (``_output_confirmed``).
 
-    def _binding_settled(self, binding: Binding) -> None:
-        """Caller: the binding registry, when a closed window's last output is confirmed."""
-        del self._bindings[binding.event]
-        self._group.resolve(binding.event, "acked")
-        if self._left and not self._bindings:
-            self._group.departed.discard(self)
+    def _output_confirmed(self, event: Event) -> bool:
+        """Caller: the output registry. Returns False if the number was stale."""
+        outputs = self._outputs
+        count = outputs.get(event)
+        if count is None:
+            return False
+        if count > 1:
+            outputs[event] = count - 1
+            return True
+        del outputs[event]
+        if event is not self._current:  # its window is closed: this was the last output
+            self._group.resolve_acked(event)
+            if self._left and not outputs:
+                self._group.departed.discard(self)
+        return True
 
     # -- binding and rejecting ---------------------------------------------------
 
@@ -158,10 +165,9 @@ class Subscription:
         event = self._current
         if event is None or self._current_resolved:
             return None
-        binding = self._current_binding
-        if binding is None:
-            binding = self._current_binding = self._bindings[event] = Binding(self, event)
-        return self._group.bindings.bind(binding)
+        outputs = self._outputs
+        outputs[event] = outputs.get(event, 0) + 1
+        return self._registry.bind(self, event)
 
     def reject(self) -> None:
         """Resolve the open event as ``rejected`` now; nothing bound to it counts any more.
@@ -180,11 +186,7 @@ class Subscription:
         if self._current_resolved:
             return
         self._current_resolved = True
-        binding = self._current_binding
-        if binding is not None:
-            self._current_binding = None
-            del self._bindings[event]
-            self._group.bindings.forget(binding)
+        self._registry.abandoned(self._outputs.pop(event, 0))
         self._group.resolve(event, "rejected")
 
     # -- leaving -----------------------------------------------------------------

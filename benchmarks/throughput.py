@@ -83,8 +83,11 @@ class BenchProducer(SharedStreamProducer):
         self.advanced = 0
 
     async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
-        async for i in _endless(self.n):
+        for i in range(self.n):
+            if i % FETCH == 0:
+                await asyncio.sleep(0)
             yield i, i
+        await asyncio.Event().wait()
 
     def get_advance_lane(self, broker_payload: Any) -> int:
         return broker_payload % self.lanes  # type: ignore[no-any-return]
@@ -94,7 +97,9 @@ class BenchProducer(SharedStreamProducer):
 
 
 async def _endless(n: int) -> AsyncIterator[int]:
-    async for i in _upstream(n):
+    for i in range(n):
+        if i % FETCH == 0:
+            await asyncio.sleep(0)
         yield i
     await asyncio.Event().wait()  # a broker stream never ends by itself
 

@@ -182,7 +182,7 @@ class GroupMachine(RuleBasedStateMachine):
         if msub.current is not None and not msub.current_resolved:
             msub.current_resolved = True
             self.resolve(gen, msub.current, msub.token, "failed")
-            msub.bindings.pop(msub.current, None)
+            self.drop_bindings(msub, [msub.current])
         for event_id in list(msub.bindings):
             if event_id in msub.closed_windows:
                 self.resolve(gen, event_id, msub.token, "failed")
