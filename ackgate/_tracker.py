@@ -22,12 +22,33 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Hashable
+from typing import Any
 
 from ackgate._log import Event
 from ackgate._outcome import AdvanceItem, AdvanceOutcome
 from ackgate._producer import SharedStreamProducer
 
 logger = logging.getLogger("ackgate.tracker")
+
+_IDLE_LANES_KEPT = 4096
+_OUTCOMES_CACHED = 4096
+_outcomes: dict[tuple[int, int, int], AdvanceOutcome] = {}
+
+
+def _outcome(acked: int, failed: int, rejected: int) -> AdvanceOutcome:
+    """Outcomes are immutable and few distinct ones occur: share them."""
+    key = (acked, failed, rejected)
+    outcome = _outcomes.get(key)
+    if outcome is None:
+        outcome = AdvanceOutcome(acked, failed, rejected)
+        if len(_outcomes) < _OUTCOMES_CACHED:
+            _outcomes[key] = outcome
+    return outcome
+
+
+def _item(payload: Any, outcome: AdvanceOutcome) -> AdvanceItem:
+    # tuple.__new__ skips the NamedTuple's Python-level __new__: once per advanced event.
+    return tuple.__new__(AdvanceItem, (payload, outcome))
 
 
 class Lane:
@@ -63,6 +84,7 @@ class LaneTracker:
         self._quiet = asyncio.Event()  # no ready lane and no call in flight
         self._quiet.set()
         self.halted = False
+        self._idle_lanes = 0  # an upper bound of the empty lanes in ``lanes``
 
     def lane_for(self, lane_key: Hashable) -> Lane:
         """Return the lane of ``lane_key``, creating it. Raises TypeError if unhashable."""
@@ -123,9 +145,7 @@ class LaneTracker:
             assert batch, "a ready lane has a resolved first event"
             lane.in_flight = batch
             self.in_flight_calls += 1
-            items = [
-                AdvanceItem(e.payload, AdvanceOutcome(e.acked, e.failed, e.rejected)) for e in batch
-            ]
+            items = [_item(e.payload, _outcome(e.acked, e.failed, e.rejected)) for e in batch]
             try:
                 await producer.advance(items)
             except Exception as exc:
@@ -146,9 +166,21 @@ class LaneTracker:
             if events:
                 if events[0].pending == 0:
                     self._maybe_ready(lane)
-            elif self.lanes.get(lane.key) is lane:
-                del self.lanes[lane.key]
+            else:
+                self._idle_lanes += 1
+                if self._idle_lanes > _IDLE_LANES_KEPT:
+                    self._forget_idle_lanes()
             self._check_quiet()
+
+    def _forget_idle_lanes(self) -> None:
+        """Drop empty lanes, a few thousand at a time: lanes are reused while they
+        are busy, and the dict stays bounded when lane keys never repeat (SQS)."""
+        self.lanes = {
+            key: lane
+            for key, lane in self.lanes.items()
+            if lane.events or lane.in_flight is not None
+        }
+        self._idle_lanes = 0
 
     def _check_quiet(self) -> None:
         if self.in_flight_calls == 0 and (self.halted or not self._ready):
