@@ -30,7 +30,7 @@ from ackgate._errors import (
 )
 from ackgate._log import Event, EventLog
 from ackgate._producer import SharedStreamProducer
-from ackgate._tracker import LaneTracker
+from ackgate._tracker import Lane, LaneTracker
 
 if TYPE_CHECKING:
     from ackgate._subscription import Subscription
@@ -177,7 +177,7 @@ class Group:
             type(error).__name__,
             self.key,
             sub.subscriber_id,
-            event.lane_key,
+            event.lane_key(),
             event.position,
         )
         sub._failure = error
@@ -213,7 +213,7 @@ class Group:
                 return
             error_text = (
                 f"subscriber did not resolve the event at position {event.position} "
-                f"(lane {event.lane_key!r}) within ack_timeout={self.ack_timeout}s"
+                f"(lane {event.lane_key()!r}) within ack_timeout={self.ack_timeout}s"
             )
             for sub in [*self.members.values(), *self.departed]:
                 if self._owes(sub, event):
@@ -318,25 +318,36 @@ class Group:
         return made.open_stream(), made.get_advance_lane
 
     def _broadcast(self, raw: Any, payload: Any, lane_key: Hashable) -> None:
+        # Once per event: the tracker's and the log's bookkeeping is inlined here.
         log = self.log
         if self.ack_mode:
-            lane = self.tracker.lane_for(lane_key)  # TypeError if unhashable
+            tracker = self.tracker
+            lanes = tracker.lanes
+            lane = lanes.get(lane_key)  # TypeError if unhashable: ends the group
+            if lane is None:
+                lane = lanes[lane_key] = Lane(lane_key)
             now = self.clock()
             unresolved = self.unresolved
             if unresolved and now - unresolved[0].broadcast_at >= self.ack_timeout:
                 self.expire()  # before the snapshot: the expired are not in it
             snapshot = len(self.active)
-            event = Event(log.head, raw, payload, lane_key, lane, snapshot, now)
-            self.tracker.add(event)
+            event = Event(log.head, raw, payload, lane, snapshot, now)
+            lane.events.append(event)
+            tracker.outstanding += 1
             if snapshot:
                 wakeup = self._timer_wakeup
                 if not unresolved and wakeup is not None and not wakeup.done():
                     wakeup.set_result(None)
                 unresolved.append(event)
+            else:
+                tracker.resolved(event)  # nobody to wait for
         else:
             snapshot = len(self.active)
-            event = Event(log.head, raw, None, None, None, snapshot, 0.0)
-        log.append(event)
+            event = Event(log.head, raw, None, None, snapshot, 0.0)
+        log.entries.append(event)
+        log.head += 1
+        if not snapshot:
+            log.trim()
         if snapshot and log.head - self._min_cursor_hint > self._queue_size:
             self._fail_overflowing(event)
         waiters = self.waiters

@@ -21,7 +21,7 @@ class Event:
     """One raw event of a group, shared by every subscriber in its snapshot.
 
     Invariants (checked by ``tests/core/test_stateful.py``):
-    ``acked + failed + rejected + pending == snapshot`` at all times, and
+    ``acked + failed + rejected + pending`` is the snapshot size at all times, and
     ``undelivered <= pending``: nobody is handed an event it no longer owes.
     """
 
@@ -30,22 +30,22 @@ class Event:
         "broadcast_at",
         "failed",
         "lane",
-        "lane_key",
         "payload",
         "pending",
         "position",
         "raw",
         "rejected",
-        "snapshot",
         "undelivered",
     )
+
+    def lane_key(self) -> Hashable:
+        return None if self.lane is None else self.lane.key
 
     def __init__(
         self,
         position: int,
         raw: Any,
         payload: Any,
-        lane_key: Hashable,
         lane: Lane | None,
         snapshot: int,
         broadcast_at: float,
@@ -53,9 +53,7 @@ class Event:
         self.position = position
         self.raw = raw
         self.payload = payload
-        self.lane_key = lane_key
         self.lane = lane
-        self.snapshot = snapshot
         #: Subscribers in the snapshot that have not resolved the event yet.
         self.pending = snapshot
         #: Subscribers in the snapshot that have not been handed the event yet.

@@ -86,22 +86,6 @@ class LaneTracker:
         self.halted = False
         self._idle_lanes = 0  # an upper bound of the empty lanes in ``lanes``
 
-    def lane_for(self, lane_key: Hashable) -> Lane:
-        """Return the lane of ``lane_key``, creating it. Raises TypeError if unhashable."""
-        lane = self.lanes.get(lane_key)
-        if lane is None:
-            lane = self.lanes[lane_key] = Lane(lane_key)
-        return lane
-
-    def add(self, event: Event) -> None:
-        """Record a freshly broadcast event at the back of its lane."""
-        lane = event.lane
-        assert lane is not None
-        lane.events.append(event)
-        self.outstanding += 1
-        if event.pending == 0:
-            self._maybe_ready(lane)
-
     def resolved(self, event: Event) -> None:
         """Called once when ``event.pending`` drops to zero."""
         lane = event.lane

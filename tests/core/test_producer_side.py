@@ -303,3 +303,40 @@ async def test_aclose_error_is_logged_not_raised(
         async with manager.subscribe("k", "s", producer=lambda: producer) as sub:
             await anext(sub)
     assert any(r.levelno == logging.WARNING and "aclose" in r.getMessage() for r in caplog.records)
+
+
+async def test_event_for_nobody_waits_behind_an_unresolved_one_in_its_lane(clock: Any) -> None:
+    producer = ScriptedProducer()
+    async with SharedStreamManager(clock=clock, subscriber_queue_size=1) as manager:
+        idle = manager.subscribe("k", "idle", producer=lambda: producer)
+        worker = manager.subscribe("k", "worker", producer=lambda: producer)
+        producer.feed("e0", 0)
+        assert await anext(worker) == "e0"
+        seq = worker.bind()
+        producer.feed("e1", 1)  # "idle" never read e0: it overflows and is force-failed
+        assert await anext(worker) == "e1"
+        await worker.aclose()  # leaves cleanly; its output for e0 is still unconfirmed
+        producer.feed("e2", 2)  # broadcast to nobody, behind e0 in the only lane
+        await producer.starved.wait()
+        await turn()
+        assert producer.batches == []
+        manager.confirm_persisted([seq])
+        await producer.wait_advanced(3)
+        assert [(item.broker_payload, item.outcome) for item in producer.batches[0]] == [
+            (0, AdvanceOutcome(acked=1, failed=1, rejected=0)),
+            (1, AdvanceOutcome(acked=1, failed=1, rejected=0)),
+            (2, AdvanceOutcome(acked=0, failed=0, rejected=0)),
+        ]
+        await idle.aclose()
+
+
+async def test_lanes_that_never_repeat_do_not_accumulate(manager: SharedStreamManager) -> None:
+    producer = ScriptedProducer(lane=lambda payload: payload)  # every event its own lane
+    async with manager.subscribe("k", "s", producer=lambda: producer) as sub:
+        for i in range(10_000):
+            producer.feed(i, i)
+            await anext(sub)
+        await producer.wait_advanced(9_999)
+        [group] = manager._groups.values()
+        assert len(group.tracker.lanes) <= 4_097
+        assert manager.stats()[0].lanes <= 1
