@@ -8,6 +8,9 @@ topic of ``--messages`` records, then consumes all of it from the start in a fre
 consumer group per run:
 
 * **plain aiokafka**: ``getmany`` and one manual ``commit`` per fetched batch;
+* **bare fan-out x4**: aiokafka into four asyncio queues read by four async
+  generators, committing per batch without waiting for them (unsafe: the ceiling
+  of fanning out in CPython, for reference);
 * **ackgate xN**: one :class:`KafkaStreamProducer` group, N subscribers that each read
   every record; the run ends when the last subscriber left and the group stopped
   (final commits done, consumer closed).
@@ -99,6 +102,56 @@ async def plain_aiokafka(bootstrap: str, topic: str, messages: int) -> tuple[flo
     return time.perf_counter() - started, group
 
 
+async def bare_fan_out(
+    bootstrap: str, topic: str, messages: int, subscribers: int
+) -> tuple[float, str]:
+    """The ceiling of in-process fan-out: aiokafka into one asyncio.Queue per consumer,
+    each consumer an async generator. Commits per batch without waiting for anyone, so
+    it is *not* safe; it shows what fanning out alone costs in CPython."""
+    group = f"bench-bare-{uuid.uuid4().hex[:8]}"
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
+    queues: list[asyncio.Queue[Any]] = [asyncio.Queue() for _ in range(subscribers)]
+
+    async def records(queue: asyncio.Queue[Any]) -> Any:
+        while (record := await queue.get()) is not None:
+            yield record
+
+    async def read_all(queue: asyncio.Queue[Any]) -> None:
+        volume = 0
+        async for record in records(queue):
+            volume += len(record.value)
+
+    await consumer.start()
+    readers = [asyncio.create_task(read_all(queue)) for queue in queues]
+    seen, started = 0, 0.0
+    try:
+        while seen < messages:
+            batch = await consumer.getmany(timeout_ms=1000)
+            if batch and not started:
+                started = time.perf_counter()
+            offsets = {}
+            for tp, fetched in batch.items():
+                for record in fetched:
+                    for queue in queues:
+                        queue.put_nowait(record)
+                seen += len(fetched)
+                offsets[tp] = fetched[-1].offset + 1
+            if offsets:
+                await consumer.commit(offsets)
+        for queue in queues:
+            queue.put_nowait(None)
+        await asyncio.gather(*readers)
+    finally:
+        await consumer.stop()
+    return time.perf_counter() - started, group
+
+
 async def with_ackgate(
     bootstrap: str, topic: str, messages: int, subscribers: int
 ) -> tuple[float, str]:
@@ -133,6 +186,7 @@ async def bench(bootstrap: str, messages: int, partitions: int, size: int, repea
     await fill_topic(bootstrap, topic, messages, partitions, size)
     variants: dict[str, Callable[[], Awaitable[tuple[float, str]]]] = {
         "plain aiokafka": lambda: plain_aiokafka(bootstrap, topic, messages),
+        "bare fan-out x4 (unsafe)": lambda: bare_fan_out(bootstrap, topic, messages, 4),
         "ackgate, 1 subscriber": lambda: with_ackgate(bootstrap, topic, messages, 1),
         "ackgate, 4 subscribers": lambda: with_ackgate(bootstrap, topic, messages, 4),
     }

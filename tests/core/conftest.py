@@ -2,10 +2,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
-from ackgate import SharedStreamManager
+from ackgate import AdvanceOutcome, SharedStreamManager
 from ackgate.testing import FakeClock, ScriptedProducer
 
 
@@ -30,3 +31,8 @@ async def turn(times: int = 20) -> None:
     """Let every ready task run a few steps (a loop turn, not a wall-clock wait)."""
     for _ in range(times):
         await asyncio.sleep(0)
+
+
+def outcomes(producer: ScriptedProducer) -> dict[Any, AdvanceOutcome]:
+    """Every advanced event's outcome, by broker payload."""
+    return {item.broker_payload: item.outcome for batch in producer.batches for item in batch}

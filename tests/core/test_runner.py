@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
@@ -18,9 +17,7 @@ from ackgate import (
 )
 from ackgate.testing import FakeClock, ScriptedProducer
 
-
-def outcomes(producer: ScriptedProducer) -> dict[Any, AdvanceOutcome]:
-    return {item.broker_payload: item.outcome for b in producer.batches for item in b}
+from .conftest import outcomes
 
 
 async def test_runner_binds_stores_and_confirms_each_output(

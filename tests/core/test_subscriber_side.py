@@ -17,12 +17,7 @@ from ackgate import (
 )
 from ackgate.testing import FakeClock, ScriptedProducer
 
-from .conftest import turn
-
-
-def outcomes(producer: ScriptedProducer) -> dict[Any, AdvanceOutcome]:
-    return {item.broker_payload: item.outcome for b in producer.batches for item in b}
-
+from .conftest import outcomes, turn
 
 # -- subscribe() arguments ----------------------------------------------------------
 

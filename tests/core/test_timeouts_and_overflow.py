@@ -11,11 +11,7 @@ import pytest
 from ackgate import AckTimeout, AdvanceOutcome, SharedStreamManager, SubscriberOverflow
 from ackgate.testing import FakeClock, ScriptedProducer
 
-from .conftest import turn
-
-
-def outcomes(producer: ScriptedProducer) -> dict[Any, AdvanceOutcome]:
-    return {item.broker_payload: item.outcome for b in producer.batches for item in b}
+from .conftest import outcomes, turn
 
 
 async def test_ack_timeout_force_fails_a_stuck_subscriber(
