@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ackgate import _cli
+from ackgate import _cli, _demo
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -84,13 +84,13 @@ def test_db_option_keeps_the_index(capsys: pytest.CaptureFixture[str], tmp_path:
 def test_a_lost_row_unbalances_the_books(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    put = _cli._Store._put
+    put = _demo.Store._put
 
-    def lossy(self: _cli._Store, row: tuple[int, str, int]) -> None:
+    def lossy(self: _demo.Store, row: tuple[int, str, int]) -> None:
         if row[0] % 100 != 7:
             put(self, row)
 
-    monkeypatch.setattr(_cli._Store, "_put", lossy)
+    monkeypatch.setattr(_demo.Store, "_put", lossy)
     status, summary, err = demo_json(capsys, "--events", "300", "--handlers", "indexer")
     assert status == 1
     assert summary["balanced"] is False
@@ -101,11 +101,11 @@ def test_a_lost_row_unbalances_the_books(
 def test_a_stalled_run_gives_up_with_exit_1(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def never(self: _cli._Demo, user: str) -> None:
+    async def never(self: _demo.Demo, user: str) -> None:
         await asyncio.Event().wait()
 
-    monkeypatch.setattr(_cli, "STALL_SECONDS", 0.5)
-    monkeypatch.setattr(_cli._Demo, "send", never)
+    monkeypatch.setattr(_demo, "STALL_SECONDS", 0.5)
+    monkeypatch.setattr(_demo.Demo, "send", never)
     status, summary, err = demo_json(capsys, "--events", "300")
     assert status == 1
     assert any("no commit" in problem for problem in summary["discrepancies"])
