@@ -28,6 +28,7 @@ import asyncio
 import gc
 import time
 import tracemalloc
+from functools import partial
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any
 
@@ -234,18 +235,18 @@ def main(argv: list[str] | None = None) -> None:
         interleaved = shape == "interleaved"
         for s in args.subscribers:
             deliveries = n * s
-            floor = timed(lambda: run_floor(n, s, interleaved), args.repeat) / deliveries * 1e6
-            fast = timed(lambda: run_fast(n, s, interleaved), args.repeat) / deliveries * 1e6
+            floor = timed(partial(run_floor, n, s, interleaved), args.repeat) / deliveries * 1e6
+            fast = timed(partial(run_fast, n, s, interleaved), args.repeat) / deliveries * 1e6
             for lanes in args.lanes:
                 ack = (
-                    timed(lambda: run_ack(n, s, interleaved, lanes), args.repeat)
+                    timed(partial(run_ack, n, s, interleaved, lanes), args.repeat)
                     / deliveries
                     * 1e6
                 )
                 memory = (
                     "-"
                     if args.no_memory
-                    else f"{peak_memory(lambda: run_ack(n, s, interleaved, lanes)) / 2**20:.1f}"
+                    else f"{peak_memory(partial(run_ack, n, s, interleaved, lanes)) / 2**20:.1f}"
                 )
                 worst = max(worst, ack / floor)
                 by_lanes[(shape, s, lanes)] = ack
