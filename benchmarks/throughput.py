@@ -28,8 +28,8 @@ import asyncio
 import gc
 import time
 import tracemalloc
-from functools import partial
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from functools import partial
 from typing import Any
 
 from ackgate import AdvanceItem, SharedStreamManager, SharedStreamProducer
@@ -223,8 +223,8 @@ def main(argv: list[str] | None = None) -> None:
     n = args.events
 
     header = (
-        f"{'shape':<12}{'S':>4}{'L':>6}  {'floor µs':>9}  {'fast µs':>8} {'×':>5}"
-        f"  {'ack µs':>8} {'×':>5}  {'ack peak MiB':>12}"
+        f"{'shape':<12}{'S':>4}{'L':>6}  {'floor µs':>9}  {'fast µs':>8} {'x':>5}"
+        f"  {'ack µs':>8} {'x':>5}  {'ack peak MiB':>12}"
     )
     print(f"N = {n:,} events per cell; µs per subscriber delivery, best of {args.repeat}")
     print(header)
