@@ -151,11 +151,11 @@ class SharedStreamManager:
     def confirm_persisted(self, seqs: Iterable[int]) -> None:
         """Mark the outputs with these sequence numbers as durably stored.
 
-        Accepts any iterable; numbers that are unknown, stale or not ints are
-        ignored. Safe to call from any task, and from other threads (the call is
+        Accepts any iterable; items that are unknown or stale numbers, or not
+        ints at all, are ignored. A non-iterable is a ``TypeError``. Safe to call from any task, and from other threads (the call is
         handed to the manager's loop).
         """
-        if isinstance(seqs, str | bytes) or not isinstance(seqs, Iterable):
+        if not isinstance(seqs, Iterable):
             raise TypeError(f"confirm_persisted takes an iterable of ints, got {seqs!r}")
         if self._loop is None:
             return
