@@ -152,8 +152,9 @@ class SharedStreamManager:
         """Mark the outputs with these sequence numbers as durably stored.
 
         Accepts any iterable; items that are unknown or stale numbers, or not
-        ints at all, are ignored. A non-iterable is a ``TypeError``. Safe to call from any task, and from other threads (the call is
-        handed to the manager's loop).
+        ints at all, are ignored. A non-iterable is a ``TypeError``. Safe to call
+        from any task, and from other threads (the call is handed to the
+        manager's loop).
         """
         if not isinstance(seqs, Iterable):
             raise TypeError(f"confirm_persisted takes an iterable of ints, got {seqs!r}")

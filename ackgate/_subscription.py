@@ -98,8 +98,10 @@ class Subscription:
             if unresolved and group.clock() - unresolved[0].broadcast_at >= group.ack_timeout:
                 group.expire()
             current = self._current
-            if current is not None:
-                self._close_window(current)
+            if current is not None:  # close its window (``_close_window``, inlined)
+                self._current = None
+                if not self._current_resolved and current not in self._outputs:
+                    group.resolve_acked(current)
         log = group.log
         while True:
             if self._failure is not None:
@@ -148,9 +150,10 @@ class Subscription:
             return True
         del outputs[event]
         if event is not self._current:  # its window is closed: this was the last output
-            self._group.resolve_acked(event)
+            group = self._group
+            group.resolve_acked(event)
             if self._left and not outputs:
-                self._group.departed.discard(self)
+                group.departed.discard(self)
         return True
 
     # -- binding and rejecting ---------------------------------------------------
