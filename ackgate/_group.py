@@ -85,7 +85,9 @@ class Group:
         self._queue_size = config.subscriber_queue_size
         #: A lower bound of the smallest cursor among active subscribers.
         self._min_cursor_hint = 0
-        #: Ack mode: broadcast events in order, possibly resolved (pruned lazily).
+        #: Ack mode: broadcast events not yet resolved, in broadcast order. Invariant:
+        #: its first event, if any, is unresolved (pruned as events resolve).
+        #: Later ones may be resolved already; they go when they reach the front.
         self.unresolved: deque[Event] = deque()
         self._timer_wakeup: asyncio.Future[None] | None = None
         self._producer: SharedStreamProducer | None = None
@@ -155,7 +157,7 @@ class Group:
         event.acked += 1
         event.pending -= 1
         if event.pending == 0:
-            self.tracker.resolved(event)
+            self._resolved(event)
 
     def resolve(self, event: Event, how: Resolution) -> None:
         """One subscriber in ``event``'s snapshot resolved it."""
@@ -168,7 +170,21 @@ class Group:
             event.rejected += 1
         event.pending -= 1
         if event.pending == 0:
-            self.tracker.resolved(event)
+            self._resolved(event)
+
+    def _resolved(self, event: Event) -> None:
+        """``event`` is resolved by its whole snapshot: advance it, stop timing it.
+
+        Pruning ``unresolved`` here, not only when a timeout is checked, keeps
+        resolved events (and their raw payloads) from being held for up to
+        ``ack_timeout`` after they were advanced.
+        """
+        self.tracker.resolved(event)
+        unresolved = self.unresolved
+        if unresolved and unresolved[0] is event:
+            unresolved.popleft()
+            while unresolved and unresolved[0].pending == 0:
+                unresolved.popleft()
 
     def force_fail(self, sub: Subscription, error: Exception, event: Event) -> None:
         """Count ``sub`` failed on everything it owes; its next pull raises ``error``."""

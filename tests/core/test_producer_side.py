@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -340,3 +342,27 @@ async def test_lanes_that_never_repeat_do_not_accumulate(manager: SharedStreamMa
         [group] = manager._groups.values()
         assert len(group.tracker.lanes) <= 4_097
         assert manager.stats()[0].lanes <= 1
+
+
+async def test_advanced_events_are_not_retained(manager: SharedStreamManager) -> None:
+    """Nothing keeps a raw event alive once it was advanced: memory follows
+    outstanding events, not the ack timeout's span of history."""
+
+    class Raw:
+        pass
+
+    producer = ScriptedProducer()
+    raws = [Raw() for _ in range(50)]
+    refs = [weakref.ref(raw) for raw in raws]
+    async with manager.subscribe("k", "s", producer=lambda: producer) as sub:
+        for i, raw in enumerate(raws):
+            producer.feed(raw, i)
+        del raws, raw
+        for _ in range(50):
+            await anext(sub)
+        producer.feed(Raw(), 50)
+        await anext(sub)  # resolves event 49; the subscription is on event 50
+        await producer.wait_advanced(50)
+        producer.batches.clear()  # the test's own record of payloads
+        gc.collect()
+        assert [ref for ref in refs if ref() is not None] == []
