@@ -239,6 +239,7 @@ class SharedStreamManager:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        """:meth:`aclose`, whatever the exit."""
         await self.aclose()
 
 

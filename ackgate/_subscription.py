@@ -203,6 +203,8 @@ class Subscription:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        """Leave: an exception (cancellation included) fails the open event, a clean
+        exit acks it. Cancelled while waiting for the group to stop, the stop goes on."""
         await self._leave(crashed=exc_type is not None)
 
     async def aclose(self) -> None:
