@@ -1,0 +1,81 @@
+"""The shared conformance suite over MemoryStreamProducer and the in-process broker."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from ackgate.adapters.memory import MemoryBroker, MemoryStreamProducer
+from tests.adapters.conformance import (
+    LANES,
+    BrokerHarness,
+    check_failed_is_redelivered,
+    check_nothing_lost,
+    check_order_per_lane,
+    check_reject_goes_to_dlq,
+)
+
+TOPIC, GROUP = "conformance", "svc"
+
+
+class MemoryHarness(BrokerHarness):
+    """One partition per lane; the DLQ is the ``<topic>.dlq`` topic."""
+
+    def __init__(self) -> None:
+        self.broker = MemoryBroker()
+        self.broker.create_topic(TOPIC, partitions=len(LANES))
+        # A record key per lane that lands in the lane's own partition.
+        self.keys: dict[str, str] = {}
+        for lane, partition in zip(LANES, range(len(LANES)), strict=True):
+            self.keys[lane] = next(
+                key
+                for key in (f"{lane}-{n}" for n in itertools.count())
+                if self.broker.partition_for(TOPIC, key) == partition
+            )
+
+    async def publish(self, messages: Sequence[tuple[str, str]]) -> None:
+        for lane, body in messages:
+            self.broker.publish(TOPIC, body, key=self.keys[lane])
+
+    def producer(self) -> MemoryStreamProducer:
+        return MemoryStreamProducer(self.broker, TOPIC, GROUP)
+
+    def body(self, raw: Any) -> str:
+        return str(raw)
+
+    async def wait_fully_advanced(self) -> None:
+        await self.broker.wait_drained(TOPIC, GROUP)
+
+    async def unadvanced(self) -> int:
+        ends = self.broker.end_offsets(TOPIC)
+        committed = self.broker.committed(TOPIC, GROUP)
+        return sum(ends[p] - committed[p] for p in ends)
+
+    async def dead_lettered(self, count: int) -> list[str]:
+        dead = [str(record.value) for record in self.broker.records(TOPIC + ".dlq")]
+        assert len(dead) == count, dead
+        return dead
+
+
+@pytest.fixture
+def harness() -> MemoryHarness:
+    return MemoryHarness()
+
+
+async def test_nothing_lost(harness: MemoryHarness) -> None:
+    await check_nothing_lost(harness)
+
+
+async def test_order_per_lane(harness: MemoryHarness) -> None:
+    await check_order_per_lane(harness)
+
+
+async def test_reject_goes_to_dlq(harness: MemoryHarness) -> None:
+    await check_reject_goes_to_dlq(harness)
+
+
+async def test_failed_is_redelivered(harness: MemoryHarness) -> None:
+    await check_failed_is_redelivered(harness)
