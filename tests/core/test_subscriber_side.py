@@ -13,11 +13,28 @@ from ackgate import (
     AdvanceOutcome,
     SharedStreamManager,
     StreamTerminated,
+    Subscription,
     reject_shared_stream_event,
 )
 from ackgate.testing import FakeClock, ScriptedProducer
 
 from .conftest import outcomes, turn
+
+
+async def one_output_moved_past(
+    manager: SharedStreamManager, producer: ScriptedProducer
+) -> tuple[Subscription, int]:
+    """Subscribe, bind one output to event 0 and move on to event 1: event 0 now
+    waits for that output's confirmation only."""
+    sub = manager.subscribe("k", "s", producer=lambda: producer)
+    producer.feed("a", 0)
+    producer.feed("b", 1)
+    await anext(sub)
+    seq = sub.bind()
+    assert seq is not None
+    await anext(sub)
+    return sub, seq
+
 
 # -- subscribe() arguments ----------------------------------------------------------
 
@@ -168,12 +185,7 @@ async def test_bound_outputs_hold_the_event_until_confirmed(
 async def test_confirm_persisted_works_from_another_thread(
     manager: SharedStreamManager, producer: ScriptedProducer
 ) -> None:
-    sub = manager.subscribe("k", "s", producer=lambda: producer)
-    producer.feed("a", 0)
-    producer.feed("b", 1)
-    await anext(sub)
-    seq = sub.bind()
-    await anext(sub)
+    sub, seq = await one_output_moved_past(manager, producer)
     thread = threading.Thread(target=manager.confirm_persisted, args=([seq],))
     thread.start()
     await asyncio.to_thread(thread.join)
@@ -184,13 +196,7 @@ async def test_confirm_persisted_works_from_another_thread(
 async def test_confirm_persisted_ignores_garbage_and_refuses_non_iterables(
     manager: SharedStreamManager, producer: ScriptedProducer
 ) -> None:
-    sub = manager.subscribe("k", "s", producer=lambda: producer)
-    producer.feed("a", 0)
-    producer.feed("b", 1)
-    await anext(sub)
-    seq = sub.bind()
-    assert seq is not None
-    await anext(sub)
+    sub, seq = await one_output_moved_past(manager, producer)
     manager.confirm_persisted([None, "x", 1.0, True, [seq], seq + 1000, -1])
     await turn()
     assert producer.batches == []
