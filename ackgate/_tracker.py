@@ -100,7 +100,7 @@ class LaneTracker:
         self._ready.append(lane)
         self._quiet.clear()
         self._work.set()
-        if len(self._ready) > self._idle_workers and len(self._workers) < self._cap:
+        if len(self._workers) < self._cap and len(self._ready) > self._idle_workers:
             task = asyncio.get_running_loop().create_task(self._worker())
             self._workers.add(task)
             task.add_done_callback(self._workers.discard)
@@ -122,49 +122,42 @@ class LaneTracker:
             if self.halted:
                 self._check_quiet()
                 continue
-            if not await self._advance(producer, lane):
+            batch: list[Event] = []
+            events = lane.events
+            while events and events[0].pending == 0:
+                batch.append(events.popleft())
+            assert batch, "a ready lane has a resolved first event"
+            lane.in_flight = batch
+            self.in_flight_calls += 1
+            items = [_item(e.payload, _outcome(e.acked, e.failed, e.rejected)) for e in batch]
+            try:
+                await producer.advance(items)
+            except Exception as exc:
+                self.in_flight_calls -= 1
+                self.halt()
+                self._on_advance_error(exc)
+                self._check_quiet()
                 return
-
-    async def _advance(self, producer: SharedStreamProducer, lane: Lane) -> bool:
-        """Advance ``lane``'s resolved prefix once; False if the producer raised.
-
-        A separate frame on purpose: the batch is released when it returns, so an
-        idle worker holds no events (nor their payloads).
-        """
-        batch: list[Event] = []
-        events = lane.events
-        while events and events[0].pending == 0:
-            batch.append(events.popleft())
-        assert batch, "a ready lane has a resolved first event"
-        lane.in_flight = batch
-        self.in_flight_calls += 1
-        items = [_item(e.payload, _outcome(e.acked, e.failed, e.rejected)) for e in batch]
-        try:
-            await producer.advance(items)
-        except Exception as exc:
+            except BaseException:
+                self.in_flight_calls -= 1
+                self._check_quiet()
+                raise
             self.in_flight_calls -= 1
-            self.halt()
-            self._on_advance_error(exc)
+            self.advance_calls += 1
+            advanced = len(batch)
+            self.advanced_events += advanced
+            self.outstanding -= advanced
+            lane.in_flight = None
+            # An idle worker must hold no events (nor their payloads).
+            del batch, items
+            if events:
+                if events[0].pending == 0:
+                    self._maybe_ready(lane)
+            else:
+                self._idle_lanes += 1
+                if self._idle_lanes > _IDLE_LANES_KEPT:
+                    self._forget_idle_lanes()
             self._check_quiet()
-            return False
-        except BaseException:
-            self.in_flight_calls -= 1
-            self._check_quiet()
-            raise
-        self.in_flight_calls -= 1
-        self.advance_calls += 1
-        self.advanced_events += len(batch)
-        self.outstanding -= len(batch)
-        lane.in_flight = None
-        if events:
-            if events[0].pending == 0:
-                self._maybe_ready(lane)
-        else:
-            self._idle_lanes += 1
-            if self._idle_lanes > _IDLE_LANES_KEPT:
-                self._forget_idle_lanes()
-        self._check_quiet()
-        return True
 
     def _forget_idle_lanes(self) -> None:
         """Drop empty lanes, a few thousand at a time: lanes are reused while they
