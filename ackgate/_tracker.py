@@ -99,7 +99,8 @@ class LaneTracker:
         lane.queued = True
         self._ready.append(lane)
         self._quiet.clear()
-        self._work.set()
+        if self._idle_workers:  # a busy worker finds the lane before it waits again
+            self._work.set()
         if len(self._workers) < self._cap and len(self._ready) > self._idle_workers:
             task = asyncio.get_running_loop().create_task(self._worker())
             self._workers.add(task)
