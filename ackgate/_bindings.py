@@ -58,5 +58,3 @@ class OutputRegistry:
             }
             self._stale = 0
 
-    def __len__(self) -> int:
-        return len(self._by_seq)

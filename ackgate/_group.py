@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("ackgate.group")
 
-Resolution = Literal["acked", "failed", "rejected"]
+#: How a subscriber resolves an event other than by acking it (``resolve_acked``).
+Resolution = Literal["failed", "rejected"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,11 +161,9 @@ class Group:
             self._resolved(event)
 
     def resolve(self, event: Event, how: Resolution) -> None:
-        """One subscriber in ``event``'s snapshot resolved it."""
+        """One subscriber in ``event``'s snapshot failed or rejected it."""
         assert event.pending > 0, "resolved more often than its snapshot allows"
-        if how == "acked":
-            event.acked += 1
-        elif how == "failed":
+        if how == "failed":
             event.failed += 1
         else:
             event.rejected += 1
@@ -221,10 +220,7 @@ class Group:
         now = self.clock()
         unresolved = self.unresolved
         while unresolved:
-            event = unresolved[0]
-            if event.pending == 0:
-                unresolved.popleft()
-                continue
+            event = unresolved[0]  # unresolved: ``_resolved`` pops resolved ones
             if now - event.broadcast_at < self.ack_timeout:
                 return
             error_text = (
@@ -235,6 +231,7 @@ class Group:
                 if self._owes(sub, event):
                     self.force_fail(sub, AckTimeout(error_text), event)
             assert event.pending == 0, "every subscriber owing an expired event was failed"
+            assert not unresolved or unresolved[0] is not event
 
     @staticmethod
     def _owes(sub: Subscription, event: Event) -> bool:
@@ -250,8 +247,6 @@ class Group:
         loop = asyncio.get_running_loop()
         while True:
             unresolved = self.unresolved
-            while unresolved and unresolved[0].pending == 0:
-                unresolved.popleft()
             if not unresolved:
                 self._timer_wakeup = loop.create_future()
                 await self._timer_wakeup
@@ -334,7 +329,7 @@ class Group:
         return made.open_stream(), made.get_advance_lane
 
     def _broadcast(self, raw: Any, payload: Any, lane_key: Hashable) -> None:
-        # Once per event: the tracker's and the log's bookkeeping is inlined here.
+        # Once per event: the tracker's bookkeeping is inlined here.
         log = self.log
         if self.ack_mode:
             tracker = self.tracker
@@ -360,10 +355,7 @@ class Group:
         else:
             snapshot = len(self.active)
             event = Event(log.head, raw, None, None, snapshot, 0.0)
-        log.entries.append(event)
-        log.head += 1
-        if not snapshot:
-            log.trim()
+        log.append(event)
         if snapshot and log.head - self._min_cursor_hint > self._queue_size:
             self._fail_overflowing(event)
         waiters = self.waiters

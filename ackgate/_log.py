@@ -96,5 +96,3 @@ class EventLog:
             entries.popleft()
             self.base += 1
 
-    def __len__(self) -> int:
-        return len(self.entries)

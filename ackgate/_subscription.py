@@ -88,7 +88,7 @@ class Subscription:
         while waiting hands out nothing and changes nothing.
         """
         # The hot path of the whole library: once per event per subscriber. Kept
-        # flat on purpose (no helper calls on the common path).
+        # flat on purpose (the log lookup is inlined).
         group = self._group
         if self._left:
             raise StopAsyncIteration
@@ -98,10 +98,8 @@ class Subscription:
             if unresolved and group.clock() - unresolved[0].broadcast_at >= group.ack_timeout:
                 group.expire()
             current = self._current
-            if current is not None:  # close its window (``_close_window``, inlined)
-                self._current = None
-                if not self._current_resolved and current not in self._outputs:
-                    group.resolve_acked(current)
+            if current is not None:
+                self._close_window(current)
         log = group.log
         while True:
             if self._failure is not None:
