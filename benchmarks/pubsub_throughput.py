@@ -21,11 +21,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
-import subprocess
+import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -38,32 +36,16 @@ from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcAsyncI
 from ackgate import SharedStreamManager, Subscription
 from ackgate.adapters.pubsub import PubSubStreamProducer
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.adapters.local_server import (
+    ServerDidNotStart,
+    answers,
+    free_port,
+    local_server,
+)
+
 EMULATOR = Path("/usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator")
 PROJECT = "ackgate-bench"
-
-
-def start_emulator(workdir: str) -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    log = Path(workdir, "emulator.log")
-    with log.open("wb") as out:
-        emulator = subprocess.Popen(
-            [str(EMULATOR), "--host=127.0.0.1", f"--port={port}"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=workdir,
-        )
-    host = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and emulator.poll() is None:
-        try:
-            with urllib.request.urlopen(f"http://{host}/", timeout=1):
-                return emulator, host
-        except OSError:
-            time.sleep(0.2)
-    emulator.kill()
-    raise SystemExit(f"the emulator did not start:\n{log.read_text(errors='replace')[-3000:]}")
 
 
 class Admin:
@@ -146,7 +128,7 @@ async def main(host: str, messages: int, size: int) -> None:
     await admin.pub.transport.close()
 
 
-if __name__ == "__main__":
+def command_line() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=20000)
     parser.add_argument("--size", type=int, default=100, help="bytes per message")
@@ -154,12 +136,23 @@ if __name__ == "__main__":
     given = os.environ.get("PUBSUB_EMULATOR_HOST")
     if given:
         asyncio.run(main(given, args.messages, args.size))
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            emulator, host = start_emulator(tmp)
-            os.environ["PUBSUB_EMULATOR_HOST"] = host
-            try:
+        return
+    host = f"127.0.0.1:{free_port()}"
+    argv = [str(EMULATOR), "--host=127.0.0.1", f"--port={host.rsplit(':', 1)[1]}"]
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            with local_server(
+                argv,
+                ready=lambda: answers(f"http://{host}/", b"Ok"),
+                log=Path(tmp, "emulator.log"),
+                start_timeout=60,
+                cwd=tmp,
+            ):
+                os.environ["PUBSUB_EMULATOR_HOST"] = host
                 asyncio.run(main(host, args.messages, args.size))
-            finally:
-                emulator.terminate()
-                emulator.wait(timeout=10)
+        except ServerDidNotStart as exc:
+            raise SystemExit(str(exc)) from None
+
+
+if __name__ == "__main__":
+    command_line()

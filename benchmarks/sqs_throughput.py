@@ -16,19 +16,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
-import subprocess
 import sys
+import tempfile
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 from aiobotocore.session import get_session
 
 from ackgate import AdvanceItem, SharedStreamManager, Subscription
 from ackgate.adapters.sqs import SqsStreamProducer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.adapters.local_server import (
+    ServerDidNotStart,
+    answers,
+    free_port,
+    local_server,
+)
 
 REGION = "us-east-1"
 
@@ -38,29 +45,20 @@ def endpoint(given: str | None) -> Iterator[str]:
     if given:
         yield given
         return
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/moto-api/", timeout=1).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit("moto server did not start") from None
-                time.sleep(0.1)
-        yield url
-    finally:
-        server.terminate()
-        server.wait()
+    argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            with local_server(
+                argv,
+                ready=lambda: answers(f"{url}/moto-api/"),
+                log=Path(tmp, "moto.log"),
+                start_timeout=30,
+            ):
+                yield url
+        except ServerDidNotStart as exc:
+            raise SystemExit(str(exc)) from None
 
 
 async def run(url: str, subscribers: int, messages: int, backlog: int, advances: int) -> float:

@@ -9,13 +9,8 @@ session. If the server cannot start, the session fails with its log tail.
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -23,25 +18,13 @@ import pytest
 from aiobotocore.session import get_session
 from sqs_support import REGION, SqsAdmin
 
+from tests.adapters.local_server import ServerDidNotStart, answers, free_port, local_server
+
 _START_TIMEOUT = 30.0
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _ready(endpoint: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1):
-            return True
-    except (OSError, urllib.error.URLError):
-        return False
-
-
-def _tail(path: Path) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-30:])
+    return answers(f"{endpoint}/moto-api/")
 
 
 @pytest.fixture(scope="session")
@@ -55,30 +38,20 @@ def sqs_endpoint() -> Iterator[str]:
         if given:
             yield given
             return
-        port = _free_port()
+        port = free_port()
         endpoint = f"http://127.0.0.1:{port}"
+        argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
         with tempfile.TemporaryDirectory() as tmp:
-            log = Path(tmp, "moto.log")
-            with log.open("wb") as out:
-                server = subprocess.Popen(
-                    [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
             try:
-                deadline = time.monotonic() + _START_TIMEOUT
-                while not _ready(endpoint):
-                    if server.poll() is not None or time.monotonic() > deadline:
-                        pytest.fail(f"moto server did not start on {endpoint}:\n{_tail(log)}")
-                    time.sleep(0.1)
-                yield endpoint
-            finally:
-                server.terminate()
-                try:
-                    server.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    server.kill()
-                    server.wait()
+                with local_server(
+                    argv,
+                    ready=lambda: _ready(endpoint),
+                    log=Path(tmp, "moto.log"),
+                    start_timeout=_START_TIMEOUT,
+                ):
+                    yield endpoint
+            except ServerDidNotStart as exc:
+                pytest.fail(f"moto server did not start on {endpoint}: {exc}")
 
 
 @pytest.fixture
