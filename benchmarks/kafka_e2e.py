@@ -72,8 +72,15 @@ async def committed_to_end(bootstrap: str, group: str, topic: str, partitions: i
         await consumer.stop()
 
 
-async def plain_aiokafka(bootstrap: str, topic: str, messages: int) -> tuple[float, str]:
-    group = f"bench-plain-{uuid.uuid4().hex[:8]}"
+async def consume_and_commit(
+    bootstrap: str,
+    topic: str,
+    messages: int,
+    group: str,
+    on_fetch: Callable[[list[Any]], None],
+) -> float:
+    """``getmany`` until ``messages`` records, ``on_fetch`` per fetched partition batch,
+    one manual commit per fetch. Returns when the first record arrived (perf_counter)."""
     consumer = AIOKafkaConsumer(
         topic,
         bootstrap_servers=bootstrap,
@@ -82,8 +89,7 @@ async def plain_aiokafka(bootstrap: str, topic: str, messages: int) -> tuple[flo
         auto_offset_reset="earliest",
     )
     await consumer.start()
-    # Both variants touch every record's value (volume) and nothing else.
-    seen, volume, started = 0, 0, 0.0
+    seen, started = 0, 0.0
     try:
         while seen < messages:
             batch = await consumer.getmany(timeout_ms=1000)
@@ -91,14 +97,27 @@ async def plain_aiokafka(bootstrap: str, topic: str, messages: int) -> tuple[flo
                 started = time.perf_counter()
             offsets = {}
             for tp, records in batch.items():
-                for record in records:
-                    volume += len(record.value)
+                on_fetch(records)
                 seen += len(records)
                 offsets[tp] = records[-1].offset + 1
             if offsets:
                 await consumer.commit(offsets)
     finally:
         await consumer.stop()
+    return started
+
+
+async def plain_aiokafka(bootstrap: str, topic: str, messages: int) -> tuple[float, str]:
+    group = f"bench-plain-{uuid.uuid4().hex[:8]}"
+    volume = 0
+
+    def touch(records: list[Any]) -> None:
+        # Every variant touches every record's value (volume) and nothing else.
+        nonlocal volume
+        for record in records:
+            volume += len(record.value)
+
+    started = await consume_and_commit(bootstrap, topic, messages, group, touch)
     return time.perf_counter() - started, group
 
 
@@ -109,13 +128,6 @@ async def bare_fan_out(
     each consumer an async generator. Commits per batch without waiting for anyone, so
     it is *not* safe; it shows what fanning out alone costs in CPython."""
     group = f"bench-bare-{uuid.uuid4().hex[:8]}"
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        group_id=group,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-    )
     queues: list[asyncio.Queue[Any]] = [asyncio.Queue() for _ in range(subscribers)]
 
     async def records(queue: asyncio.Queue[Any]) -> Any:
@@ -127,28 +139,20 @@ async def bare_fan_out(
         async for record in records(queue):
             volume += len(record.value)
 
-    await consumer.start()
+    def fan_out(fetched: list[Any]) -> None:
+        for record in fetched:
+            for queue in queues:
+                queue.put_nowait(record)
+
     readers = [asyncio.create_task(read_all(queue)) for queue in queues]
-    seen, started = 0, 0.0
     try:
-        while seen < messages:
-            batch = await consumer.getmany(timeout_ms=1000)
-            if batch and not started:
-                started = time.perf_counter()
-            offsets = {}
-            for tp, fetched in batch.items():
-                for record in fetched:
-                    for queue in queues:
-                        queue.put_nowait(record)
-                seen += len(fetched)
-                offsets[tp] = fetched[-1].offset + 1
-            if offsets:
-                await consumer.commit(offsets)
+        started = await consume_and_commit(bootstrap, topic, messages, group, fan_out)
         for queue in queues:
             queue.put_nowait(None)
         await asyncio.gather(*readers)
     finally:
-        await consumer.stop()
+        for reader in readers:
+            reader.cancel()
     return time.perf_counter() - started, group
 
 
