@@ -19,6 +19,7 @@ from ackgate._outcome import AdvanceItem, AdvanceOutcome
 from ackgate._producer import SharedStreamProducer
 from ackgate._stats import GroupStats
 from ackgate._subscription import Subscription, reject_shared_stream_event
+from ackgate._version import __version__ as __version__
 
 __all__ = [
     "AckGateError",
