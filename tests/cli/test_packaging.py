@@ -64,3 +64,11 @@ def test_adapters_imports_no_adapter_or_client(tmp_path: Path) -> None:
                           text=True, timeout=60, check=False, env={**os.environ})
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "imported: []"
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    repo = Path(__file__).resolve().parents[2]
+    readme = (repo / "README.md").read_text()
+    command = readme.split("## Run the tests\n\n```bash\n", 1)[1].split("\n```", 1)[0]
+    assert command.startswith("python3 -m venv .venv && ")
+    assert command in (repo / ".ci" / "run").read_text().splitlines()
