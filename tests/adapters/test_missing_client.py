@@ -1,8 +1,9 @@
 """Every adapter without its client library: an ImportError that says what to install.
 
 Each case imports the adapter afresh while its client library is blocked
-(``sys.modules[name] = None`` makes ``import name`` raise), builds a producer (which
-needs no client) and pulls the first event, which is where the client is first used.
+(``sys.modules[name] = None`` makes ``import name`` raise; submodules other tests
+already imported are blocked too), builds a producer (which needs no client) and pulls
+the first event, which is where the client is first used.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ CASES = [
         "ackgate_sqs",
         "aiobotocore",
         lambda module: module.SqsStreamProducer(
-            "http://127.0.0.1:1/000000000000/orders", region_name="us-east-1"
+            "http://127.0.0.1:1/000000000000/orders",
+            region_name="us-east-1",
+            endpoint_url="http://127.0.0.1:1",
         ),
         "ackgate-sqs needs aiobotocore: pip install 'ackgate[sqs]'",
     ),
@@ -61,7 +64,9 @@ CASES = [
 async def test_a_missing_client_names_what_to_install(
     case: MissingClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(sys.modules, case.blocked, None)
+    loaded = [name for name in sys.modules if name.startswith(f"{case.blocked}.")]
+    for name in [case.blocked, *loaded]:
+        monkeypatch.setitem(sys.modules, name, None)
     for name in [case.adapter, f"{case.adapter}._producer"]:
         monkeypatch.delitem(sys.modules, name, raising=False)
     adapter = importlib.import_module(case.adapter)
