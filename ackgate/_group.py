@@ -61,8 +61,11 @@ class Group:
         config: GroupConfig,
         bindings: OutputRegistry,
         release: Callable[[Group], None],
+        roster: tuple[Hashable, ...] | None = None,
     ) -> None:
         self.key = key
+        #: The declared subscriber ids (§7), in the order first given; ``None``: dynamic.
+        self.roster = roster
         self.ack_mode = ack_mode
         self.bindings = bindings
         self.log = EventLog()
@@ -75,8 +78,13 @@ class Group:
         self.departed: set[Subscription] = set()
         #: Futures of subscriptions waiting for the next event.
         self.waiters: list[asyncio.Future[None]] = []
-        self.blocked = False  # the poll waits for room (overflow="block")
+        self.blocked = False  # the poll waits for room (overflow="block", rostered groups)
         self.room = asyncio.Event()
+        #: Rostered groups: set while every roster member is attached and not
+        #: force-failed. Invariant: the poll broadcasts only while it is set, so every
+        #: event's snapshot is the whole roster.
+        self._healthy = asyncio.Event()
+        self._ever_healthy = False
         self.terminal: tuple[type[StreamTerminated], str, BaseException | None] | None = None
         self._config = config
         self._factory = factory
@@ -104,6 +112,41 @@ class Group:
     def join(self, subscription: Subscription) -> None:
         self.members[subscription.subscriber_id] = subscription
         self.active.add(subscription)
+        self._check_health()
+
+    @property
+    def paused(self) -> bool:
+        """A rostered group that broadcasts nothing new: a member is not healthy."""
+        return self.roster is not None and not self._healthy.is_set()
+
+    def missing(self) -> tuple[Hashable, ...]:
+        """Roster members that are not attached or force-failed, in roster order."""
+        if self.roster is None:
+            return ()
+        healthy = {sub.subscriber_id for sub in self.active}
+        return tuple(member for member in self.roster if member not in healthy)
+
+    def _check_health(self) -> None:
+        """Pause or resume a rostered group after its membership changed."""
+        if self.roster is None:
+            return
+        healthy = len(self.active) == len(self.roster)  # active ids ⊆ roster
+        if healthy == self._healthy.is_set():
+            return
+        if healthy:
+            self._healthy.set()
+            if self._ever_healthy:
+                logger.info("Shared stream group resumed key=%r", self.key)
+            self._ever_healthy = True
+            return
+        self._healthy.clear()
+        if self.members and self.terminal is None:
+            logger.warning(
+                "Shared stream group paused key=%r missing=%r: nothing new is broadcast "
+                "until every roster member is subscribed and healthy again",
+                self.key,
+                list(self.missing()),
+            )
 
     def leave(self, sub: Subscription, *, crashed: bool) -> asyncio.Task[None] | None:
         """Remove ``sub``; return the stop task to await if it was the last member."""
@@ -129,6 +172,7 @@ class Group:
         self._wake(sub)
         if self.blocked:
             self.room.set()
+        self._check_health()
         if not self.members:
             self.terminate(StreamTerminated, "last subscriber left")
             return self.stop_task
@@ -213,6 +257,7 @@ class Group:
         self._wake(sub)
         if self.blocked:
             self.room.set()
+        self._check_health()
 
     # -- ack timeout ---------------------------------------------------------------
 
@@ -225,7 +270,15 @@ class Group:
                 return
             error_text = (
                 f"subscriber did not resolve the event at position {event.position} "
-                f"(lane {event.lane_key()!r}) within ack_timeout={self.ack_timeout}s"
+                f"(lane {event.lane_key()!r}) within ack_timeout={self.ack_timeout}s. "
+                + (
+                    "The group is paused until this subscriber is subscribed again; raise "
+                    "ack_timeout if handling (and confirming outputs) can take longer."
+                    if self.roster is not None
+                    else "Later events are advanced without this subscriber: declare "
+                    "roster= if it must see every event, and raise ack_timeout if "
+                    "handling (and confirming outputs) can take longer."
+                )
             )
             for sub in [*self.members.values(), *self.departed]:
                 if self._owes(sub, event):
@@ -260,8 +313,11 @@ class Group:
     # -- polling and fan-out -------------------------------------------------------
 
     async def _poll(self) -> None:
+        roster = self.roster
         try:
-            if self._config.cohort_grace_period > 0:
+            if roster is not None:
+                await self._healthy.wait()  # the whole roster is attached
+            elif self._config.cohort_grace_period > 0:
                 await asyncio.sleep(self._config.cohort_grace_period)
             stream, get_lane = self._open()
         except asyncio.CancelledError:
@@ -273,7 +329,7 @@ class Group:
         # Yield to the loop now and then even if the upstream never suspends, so
         # subscribers get to read before their queues fill up.
         fairness = max(1, self._queue_size // 4)
-        blocking = self._config.overflow == "block"
+        blocking = self._config.overflow == "block" or roster is not None
         ack_mode = self.ack_mode
         since_yield = 0
         try:
@@ -294,6 +350,8 @@ class Group:
                 else:
                     raw, payload = item
                     lane_key = get_lane(payload) if get_lane is not None else None
+                    if roster is not None and not await self._until_healthy():
+                        break
                     self._broadcast(raw, payload, lane_key)
                 since_yield += 1
                 if since_yield >= fairness:
@@ -311,6 +369,21 @@ class Group:
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+    async def _until_healthy(self) -> bool:
+        """Rostered groups: hold the pulled event until every member is healthy.
+
+        Expiry runs first: a member it force-fails must not be in the snapshot.
+        Returns False if the group ended meanwhile.
+        """
+        while self.terminal is None:
+            unresolved = self.unresolved
+            if unresolved and self.clock() - unresolved[0].broadcast_at >= self.ack_timeout:
+                self.expire()
+            if self._healthy.is_set():
+                return True
+            await self._healthy.wait()
+        return False
 
     def _open(self) -> tuple[Any, Callable[[Any], Hashable] | None]:
         made = self._factory()
@@ -339,9 +412,14 @@ class Group:
                 lane = lanes[lane_key] = Lane(lane_key)
             now = self.clock()
             unresolved = self.unresolved
-            if unresolved and now - unresolved[0].broadcast_at >= self.ack_timeout:
+            if (
+                unresolved
+                and now - unresolved[0].broadcast_at >= self.ack_timeout
+                and self.roster is None  # rostered: ``_until_healthy`` expired them
+            ):
                 self.expire()  # before the snapshot: the expired are not in it
             snapshot = len(self.active)
+            assert self.roster is None or snapshot == len(self.roster), "snapshot is the roster"
             event = Event(log.head, raw, payload, lane, snapshot, now)
             lane.events.append(event)
             tracker.outstanding += 1
@@ -378,7 +456,10 @@ class Group:
                 sub,
                 SubscriberOverflow(
                     f"more than subscriber_queue_size={self._queue_size} unread events "
-                    f"at position {event.position}"
+                    f"at position {event.position}: the subscriber fell behind and later "
+                    "events are advanced without it. Declare roster= if it must see every "
+                    'event (a rostered group waits for room), or use overflow="block", '
+                    "or a larger subscriber_queue_size."
                 ),
                 event,
             )

@@ -25,3 +25,8 @@ class GroupStats:
     advance_calls: int
     #: Live subscriptions that were force-failed and have not left yet.
     failed_subscribers: int
+    #: Rostered groups: broadcasting nothing new because a member is not healthy.
+    paused: bool = False
+    #: Rostered groups: the roster members not attached or force-failed, in roster
+    #: order; ``()`` for dynamic groups.
+    missing: tuple[Hashable, ...] = ()
