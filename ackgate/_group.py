@@ -30,12 +30,16 @@ from ackgate._errors import (
 )
 from ackgate._log import Event, EventLog
 from ackgate._producer import SharedStreamProducer
+from ackgate._redelivery import RedeliveryMemory
 from ackgate._tracker import Lane, LaneTracker
 
 if TYPE_CHECKING:
     from ackgate._subscription import Subscription
 
 logger = logging.getLogger("ackgate.group")
+
+#: How many acked event ids a group remembers to skip redelivered copies (SPEC §13).
+_REMEMBERED_EVENT_IDS = 65_536
 
 #: How a subscriber resolves an event other than by acking it (``resolve_acked``).
 Resolution = Literal["failed", "rejected"]
@@ -61,8 +65,11 @@ class Group:
         config: GroupConfig,
         bindings: OutputRegistry,
         release: Callable[[Group], None],
+        roster: tuple[Hashable, ...] | None = None,
     ) -> None:
         self.key = key
+        #: The declared subscriber ids (§7), in the order first given; ``None``: dynamic.
+        self.roster = roster
         self.ack_mode = ack_mode
         self.bindings = bindings
         self.log = EventLog()
@@ -75,8 +82,13 @@ class Group:
         self.departed: set[Subscription] = set()
         #: Futures of subscriptions waiting for the next event.
         self.waiters: list[asyncio.Future[None]] = []
-        self.blocked = False  # the poll waits for room (overflow="block")
+        self.blocked = False  # the poll waits for room (overflow="block", rostered groups)
         self.room = asyncio.Event()
+        #: Rostered groups: set while every roster member is attached and not
+        #: force-failed. Invariant: the poll broadcasts only while it is set, so every
+        #: event's snapshot is the whole roster.
+        self._healthy = asyncio.Event()
+        self._ever_healthy = False
         self.terminal: tuple[type[StreamTerminated], str, BaseException | None] | None = None
         self._config = config
         self._factory = factory
@@ -92,8 +104,13 @@ class Group:
         self.unresolved: deque[Event] = deque()
         self._timer_wakeup: asyncio.Future[None] | None = None
         self._producer: SharedStreamProducer | None = None
+        #: Who acked which event ids, to skip them on a redelivered copy (SPEC §13).
+        self.redelivery = RedeliveryMemory(_REMEMBERED_EVENT_IDS)
+        self.redeliveries_skipped = 0
+        self.redeliveries_skipped_by: dict[Hashable, int] = {}
         self._poll_exited = False
         self.stop_task: asyncio.Task[None] | None = None
+        self._get_event_id: Callable[[Any], Hashable] | None = None
         loop = asyncio.get_running_loop()
         self._poll_task = loop.create_task(self._poll())
         self._timer_task = loop.create_task(self._watch_timeouts()) if ack_mode else None
@@ -102,8 +119,44 @@ class Group:
     # -- membership ----------------------------------------------------------------
 
     def join(self, subscription: Subscription) -> None:
+        subscription._bit = self.redelivery.bit(subscription.subscriber_id)
         self.members[subscription.subscriber_id] = subscription
         self.active.add(subscription)
+        self._check_health()
+
+    @property
+    def paused(self) -> bool:
+        """A rostered group that broadcasts nothing new: a member is not healthy."""
+        return self.roster is not None and not self._healthy.is_set()
+
+    def missing(self) -> tuple[Hashable, ...]:
+        """Roster members that are not attached or force-failed, in roster order."""
+        if self.roster is None:
+            return ()
+        healthy = {sub.subscriber_id for sub in self.active}
+        return tuple(member for member in self.roster if member not in healthy)
+
+    def _check_health(self) -> None:
+        """Pause or resume a rostered group after its membership changed."""
+        if self.roster is None:
+            return
+        healthy = len(self.active) == len(self.roster)  # active ids ⊆ roster
+        if healthy == self._healthy.is_set():
+            return
+        if healthy:
+            self._healthy.set()
+            if self._ever_healthy:
+                logger.info("Shared stream group resumed key=%r", self.key)
+            self._ever_healthy = True
+            return
+        self._healthy.clear()
+        if self.members and self.terminal is None:
+            logger.warning(
+                "Shared stream group paused key=%r missing=%r: nothing new is broadcast "
+                "until every roster member is subscribed and healthy again",
+                self.key,
+                list(self.missing()),
+            )
 
     def leave(self, sub: Subscription, *, crashed: bool) -> asyncio.Task[None] | None:
         """Remove ``sub``; return the stop task to await if it was the last member."""
@@ -129,6 +182,7 @@ class Group:
         self._wake(sub)
         if self.blocked:
             self.room.set()
+        self._check_health()
         if not self.members:
             self.terminate(StreamTerminated, "last subscriber left")
             return self.stop_task
@@ -140,7 +194,7 @@ class Group:
         for position in range(sub._cursor, log.head):
             event = log.at(position)
             event.undelivered -= 1
-            if self.ack_mode:
+            if self.ack_mode and not (event.skipped and sub._skips(event)):
                 self.resolve(event, "failed")
         sub._cursor = log.head
         log.trim()
@@ -152,9 +206,11 @@ class Group:
 
     # -- resolution ----------------------------------------------------------------
 
-    def resolve_acked(self, event: Event) -> None:
-        """One subscriber in ``event``'s snapshot moved past it, outputs confirmed."""
+    def resolve_acked(self, event: Event, sub: Subscription) -> None:
+        """``sub``, in ``event``'s snapshot, moved past it with its outputs confirmed."""
         assert event.pending > 0, "resolved more often than its snapshot allows"
+        if event.event_id is not None and sub._bit is not None:
+            self.redelivery.remember(event.event_id, sub._bit)
         event.acked += 1
         event.pending -= 1
         if event.pending == 0:
@@ -213,6 +269,7 @@ class Group:
         self._wake(sub)
         if self.blocked:
             self.room.set()
+        self._check_health()
 
     # -- ack timeout ---------------------------------------------------------------
 
@@ -225,7 +282,15 @@ class Group:
                 return
             error_text = (
                 f"subscriber did not resolve the event at position {event.position} "
-                f"(lane {event.lane_key()!r}) within ack_timeout={self.ack_timeout}s"
+                f"(lane {event.lane_key()!r}) within ack_timeout={self.ack_timeout}s. "
+                + (
+                    "The group is paused until this subscriber is subscribed again; raise "
+                    "ack_timeout if handling (and confirming outputs) can take longer."
+                    if self.roster is not None
+                    else "Later events are advanced without this subscriber: declare "
+                    "roster= if it must see every event, and raise ack_timeout if "
+                    "handling (and confirming outputs) can take longer."
+                )
             )
             for sub in [*self.members.values(), *self.departed]:
                 if self._owes(sub, event):
@@ -241,7 +306,12 @@ class Group:
             return True
         if sub._current is event:
             return not sub._current_resolved
-        return not sub._left and sub._joined_at <= event.position and sub._cursor <= event.position
+        return (
+            not sub._left
+            and sub._joined_at <= event.position
+            and sub._cursor <= event.position
+            and not (event.skipped and sub._skips(event))
+        )
 
     async def _watch_timeouts(self) -> None:
         loop = asyncio.get_running_loop()
@@ -260,8 +330,11 @@ class Group:
     # -- polling and fan-out -------------------------------------------------------
 
     async def _poll(self) -> None:
+        roster = self.roster
         try:
-            if self._config.cohort_grace_period > 0:
+            if roster is not None:
+                await self._healthy.wait()  # the whole roster is attached
+            elif self._config.cohort_grace_period > 0:
                 await asyncio.sleep(self._config.cohort_grace_period)
             stream, get_lane = self._open()
         except asyncio.CancelledError:
@@ -273,7 +346,7 @@ class Group:
         # Yield to the loop now and then even if the upstream never suspends, so
         # subscribers get to read before their queues fill up.
         fairness = max(1, self._queue_size // 4)
-        blocking = self._config.overflow == "block"
+        blocking = self._config.overflow == "block" or roster is not None
         ack_mode = self.ack_mode
         since_yield = 0
         try:
@@ -294,7 +367,11 @@ class Group:
                 else:
                     raw, payload = item
                     lane_key = get_lane(payload) if get_lane is not None else None
-                    self._broadcast(raw, payload, lane_key)
+                    get_id = self._get_event_id
+                    event_id = get_id(payload) if get_id is not None else None
+                    if roster is not None and not await self._until_healthy():
+                        break
+                    self._broadcast(raw, payload, lane_key, event_id)
                 since_yield += 1
                 if since_yield >= fairness:
                     since_yield = 0
@@ -312,6 +389,21 @@ class Group:
             if aclose is not None:
                 await aclose()
 
+    async def _until_healthy(self) -> bool:
+        """Rostered groups: hold the pulled event until every member is healthy.
+
+        Expiry runs first: a member it force-fails must not be in the snapshot.
+        Returns False if the group ended meanwhile.
+        """
+        while self.terminal is None:
+            unresolved = self.unresolved
+            if unresolved and self.clock() - unresolved[0].broadcast_at >= self.ack_timeout:
+                self.expire()
+            if self._healthy.is_set():
+                return True
+            await self._healthy.wait()
+        return False
+
     def _open(self) -> tuple[Any, Callable[[Any], Hashable] | None]:
         made = self._factory()
         if not self.ack_mode:
@@ -325,10 +417,14 @@ class Group:
                 f"producer() must return a SharedStreamProducer, got {type(made).__name__}"
             )
         self._producer = made
+        if type(made).get_event_id is not SharedStreamProducer.get_event_id:
+            self._get_event_id = made.get_event_id
         self.tracker.start(made)
         return made.open_stream(), made.get_advance_lane
 
-    def _broadcast(self, raw: Any, payload: Any, lane_key: Hashable) -> None:
+    def _broadcast(
+        self, raw: Any, payload: Any, lane_key: Hashable, event_id: Hashable = None
+    ) -> None:
         # Once per event: the tracker's bookkeeping is inlined here.
         log = self.log
         if self.ack_mode:
@@ -339,13 +435,22 @@ class Group:
                 lane = lanes[lane_key] = Lane(lane_key)
             now = self.clock()
             unresolved = self.unresolved
-            if unresolved and now - unresolved[0].broadcast_at >= self.ack_timeout:
+            if (
+                unresolved
+                and now - unresolved[0].broadcast_at >= self.ack_timeout
+                and self.roster is None  # rostered: ``_until_healthy`` expired them
+            ):
                 self.expire()  # before the snapshot: the expired are not in it
             snapshot = len(self.active)
-            event = Event(log.head, raw, payload, lane, snapshot, now)
+            assert self.roster is None or snapshot == len(self.roster), "snapshot is the roster"
+            event = Event(log.head, raw, payload, lane, snapshot, now, event_id)
+            if event_id is not None and snapshot:
+                acked_before = self.redelivery.acked_mask(event_id)
+                if acked_before:
+                    self._carry_over(event, acked_before)
             lane.events.append(event)
             tracker.outstanding += 1
-            if snapshot:
+            if event.pending:
                 wakeup = self._timer_wakeup
                 if not unresolved and wakeup is not None and not wakeup.done():
                     wakeup.set_result(None)
@@ -365,6 +470,20 @@ class Group:
                     waiter.set_result(None)
             waiters.clear()
 
+    def _carry_over(self, event: Event, acked_before: int) -> None:
+        """A redelivered copy: who acked an earlier copy is counted acked at once."""
+        skipped = 0
+        for sub in self.active:
+            bit = sub._bit
+            if bit is not None and acked_before >> bit & 1:
+                skipped |= 1 << bit
+                event.acked += 1
+                event.pending -= 1
+                by = self.redeliveries_skipped_by
+                by[sub.subscriber_id] = by.get(sub.subscriber_id, 0) + 1
+                self.redeliveries_skipped += 1
+        event.skipped = skipped
+
     def _refresh_min_cursor(self) -> int:
         self._min_cursor_hint = min((sub._cursor for sub in self.active), default=self.log.head)
         return self._min_cursor_hint
@@ -378,7 +497,10 @@ class Group:
                 sub,
                 SubscriberOverflow(
                     f"more than subscriber_queue_size={self._queue_size} unread events "
-                    f"at position {event.position}"
+                    f"at position {event.position}: the subscriber fell behind and later "
+                    "events are advanced without it. Declare roster= if it must see every "
+                    'event (a rostered group waits for room), or use overflow="block", '
+                    "or a larger subscriber_queue_size."
                 ),
                 event,
             )

@@ -6,7 +6,7 @@ import asyncio
 import math
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Hashable, Iterable
+from collections.abc import AsyncIterator, Callable, Collection, Hashable, Iterable
 from types import TracebackType
 from typing import Any, Literal
 
@@ -90,12 +90,19 @@ class SharedStreamManager:
         *,
         producer: Callable[[], SharedStreamProducer] | None = None,
         source: Callable[[], AsyncIterator[Any]] | None = None,
+        roster: Collection[Hashable] | None = None,
     ) -> Subscription:
         """Join the group of ``key`` (creating it) and return the subscription.
 
         Exactly one of ``producer`` (ack mode) or ``source`` (fast path) must be
         given. The subscriber is in the snapshot of every event broadcast from now
         on. Synchronous; needs the manager's event loop to be running.
+
+        ``roster`` declares the group's fixed set of subscriber ids (ack mode only):
+        the group starts polling once all of them are attached, every event's
+        snapshot is the whole roster, and the group pauses while any member is
+        missing or force-failed. Every subscription to a rostered key passes an
+        equal roster containing its ``subscriber_id`` (``ValueError`` otherwise).
         """
         if self._closed:
             raise RuntimeError("the SharedStreamManager is closed")
@@ -108,8 +115,9 @@ class SharedStreamManager:
             raise ValueError("key must not be None")
         _check_hashable("key", key)
         _check_hashable("subscriber_id", subscriber_id)
-        self._bind_loop()
         ack_mode = producer is not None
+        members = _check_roster(roster, subscriber_id, ack_mode=ack_mode)
+        self._bind_loop()
         group = self._groups.get(key)
         if group is None:
             group = Group(
@@ -119,11 +127,21 @@ class SharedStreamManager:
                 config=self._config,
                 bindings=self._bindings,
                 release=self._release,
+                roster=members,
             )
             self._groups[key] = group
         elif group.ack_mode != ack_mode:
             running = "producer" if group.ack_mode else "source"
             raise ValueError(f"key {key!r} already runs a group with {running}=")
+        elif group.roster is None and members is not None:
+            raise ValueError(f"key {key!r} runs a dynamic group; it cannot take a roster")
+        elif group.roster is not None and members is None:
+            raise ValueError(f"key {key!r} runs a rostered group; pass its roster= too")
+        elif group.roster is not None and set(group.roster) != set(members or ()):
+            raise ValueError(
+                f"roster {list(members or ())!r} differs from the roster of key {key!r}: "
+                f"{list(group.roster)!r}"
+            )
         if subscriber_id in group.members:
             raise ValueError(f"subscriber {subscriber_id!r} is already subscribed to {key!r}")
         subscription = Subscription(group, subscriber_id, group.log.head)
@@ -176,15 +194,18 @@ class SharedStreamManager:
         producer: Callable[[], SharedStreamProducer] | None = None,
         source: Callable[[], AsyncIterator[Any]] | None = None,
         sink: Sink | None = None,
+        roster: Collection[Hashable] | None = None,
     ) -> None:
         """Subscribe, run ``handle(subscription)``, and persist what it yields.
 
         For each output: bind it, ``await sink(output)`` if given, confirm it.
         Returns when ``handle`` returns; re-raises the subscription's failure or
         ``handle``'s exception. Leaves on every exit; cancellation fails the open
-        event and propagates.
+        event and propagates. ``roster`` is passed to :meth:`subscribe`.
         """
-        subscription = self.subscribe(key, subscriber_id, producer=producer, source=source)
+        subscription = self.subscribe(
+            key, subscriber_id, producer=producer, source=source, roster=roster
+        )
         await drive(subscription, handle, sink, self.confirm_persisted)
 
     # -- observing -----------------------------------------------------------------
@@ -210,6 +231,9 @@ class SharedStreamManager:
                     advanced_events=tracker.advanced_events,
                     advance_calls=tracker.advance_calls,
                     failed_subscribers=failed,
+                    paused=group.paused,
+                    missing=group.missing(),
+                    redeliveries_skipped=group.redeliveries_skipped,
                 )
             )
         return result
@@ -241,6 +265,26 @@ class SharedStreamManager:
     ) -> None:
         """:meth:`aclose`, whatever the exit."""
         await self.aclose()
+
+
+def _check_roster(
+    roster: Collection[Hashable] | None, subscriber_id: Hashable, *, ack_mode: bool
+) -> tuple[Hashable, ...] | None:
+    """The roster's distinct ids in the order given, or ``None`` for a dynamic group."""
+    if roster is None:
+        return None
+    if not ack_mode:
+        raise ValueError("a source= (fast path) group cannot have a roster")
+    if isinstance(roster, str | bytes) or not isinstance(roster, Collection):
+        raise ValueError(f"roster must be a collection of subscriber ids, got {roster!r}")
+    for member in roster:
+        _check_hashable("every roster member", member)
+    members = tuple(dict.fromkeys(roster))
+    if not members:
+        raise ValueError("roster must not be empty")
+    if subscriber_id not in members:
+        raise ValueError(f"subscriber {subscriber_id!r} is not in the roster {list(members)!r}")
+    return members
 
 
 def _check_hashable(name: str, value: object) -> None:

@@ -67,6 +67,19 @@ class SharedStreamProducer(ABC):
         """
         return None
 
+    def get_event_id(self, broker_payload: Any) -> Hashable | None:
+        """Return the broker's identity of the event, stable across redeliveries.
+
+        Optional (default ``None``: no identity). When a copy of an event whose id
+        was seen before in this group is broadcast again, every subscriber that
+        acked an earlier copy is counted ``acked`` for it at once and not handed
+        it (SPEC §13). Called once per event, synchronously, like
+        :meth:`get_advance_lane`; raising or returning an unhashable value ends
+        the group with ``StreamTerminated``. Return an id only if two payloads
+        with equal ids really carry the same event.
+        """
+        return None
+
     async def aclose(self) -> None:  # noqa: B027 - optional hook, empty by design
         """Release the broker connection. Best-effort.
 

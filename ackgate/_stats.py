@@ -25,3 +25,11 @@ class GroupStats:
     advance_calls: int
     #: Live subscriptions that were force-failed and have not left yet.
     failed_subscribers: int
+    #: Rostered groups: broadcasting nothing new because a member is not healthy.
+    paused: bool = False
+    #: Rostered groups: the roster members not attached or force-failed, in roster
+    #: order; ``()`` for dynamic groups.
+    missing: tuple[Hashable, ...] = ()
+    #: Deliveries saved (SPEC §13): redelivered copies counted acked at once for
+    #: subscribers that had acked an earlier copy, instead of handed to them again.
+    redeliveries_skipped: int = 0
