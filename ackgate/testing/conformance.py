@@ -1,0 +1,529 @@
+"""The conformance kit: one suite that every ackgate adapter passes against its real broker.
+
+An adapter author implements :class:`BrokerHarness` (publish, a producer factory, and
+three ways to look at the broker) and subclasses :class:`ConformanceSuite` with a
+``harness`` fixture; pytest then runs one test per check::
+
+    from ackgate.testing.conformance import BrokerHarness, ConformanceSuite
+
+    class TestMyAdapter(ConformanceSuite):
+        @pytest.fixture
+        def harness(self, ackgate_kafka):
+            return MyHarness(ackgate_kafka.bootstrap)
+
+(see ``docs/writing-an-adapter.md``). Each check publishes a few tens of messages
+over :data:`LANES`, subscribes three subscribers to one ackgate group in one step (so
+all three are in every snapshot), lets them run until the broker is fully advanced,
+stops them and then asserts what the subscribers saw, what ackgate handed to
+``advance`` (recorded by :class:`RecordingProducer`, a transparent wrapper around the
+adapter's producer) and what the broker holds:
+
+* :func:`check_nothing_lost`: every subscriber sees every message; the broker ends
+  with nothing unadvanced.
+* :func:`check_order_per_lane`: within a lane every subscriber sees, and ackgate
+  advances, messages in publish order; the adapter's lane keeps the lanes apart.
+* :func:`check_reject_goes_to_dlq`: a rejected message lands in the adapter's DLQ,
+  is advanced once and is not delivered again.
+* :func:`check_failed_is_redelivered`: a message whose handler crashed is delivered
+  again, then advanced clean.
+* :func:`check_order_after_redelivery`: after that redelivery a lane is still
+  advanced clean in publish order (needs :attr:`BrokerHarness.keeps_lane_order_on_redelivery`).
+* :func:`check_cancel_and_restart`: the subscribers are cancelled mid-stream and a new
+  group starts on the same source: nothing is lost, and nothing is advanced clean
+  that every subscriber had not finished handling.
+
+The checks need no pytest and may be awaited directly; :class:`ConformanceSuite`
+runs each in its own event loop (``asyncio.run``), so the harness fixture must be
+synchronous and create broker resources in :meth:`BrokerHarness.setup`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ackgate import (
+    AdvanceItem,
+    AdvanceOutcome,
+    SharedStreamManager,
+    SharedStreamProducer,
+    Subscription,
+    reject_shared_stream_event,
+)
+
+__all__ = [
+    "CHECKS",
+    "KEY",
+    "LANES",
+    "SUBSCRIBERS",
+    "TIMEOUT",
+    "AdvanceLog",
+    "Advanced",
+    "BrokerHarness",
+    "ConformanceSuite",
+    "Crash",
+    "RecordingProducer",
+    "Run",
+    "check_cancel_and_restart",
+    "check_failed_is_redelivered",
+    "check_nothing_lost",
+    "check_order_after_redelivery",
+    "check_order_per_lane",
+    "check_reject_goes_to_dlq",
+    "interleaved",
+    "run_check",
+]
+
+LANES = ("a", "b", "c")
+"""The harness's lane names: a Kafka/memory partition, an SQS message group, a
+Pub/Sub ordering key, a Service Bus session."""
+
+SUBSCRIBERS = ("s0", "s1", "s2")
+TIMEOUT = 60.0
+KEY = "conformance"
+
+
+class BrokerHarness(ABC):
+    """One adapter over its broker, as the checks need it: a fresh source (topic, queue,
+    subscription) with a dead-letter destination, per harness.
+
+    Every method may be awaited under ``asyncio.timeout``; none needs cleaning up after
+    cancellation. All run in the check's event loop, so a harness opens any client
+    in :meth:`setup` (or per call), never in ``__init__``.
+    """
+
+    keeps_lane_order_on_redelivery: bool = True
+    """Whether the broker hands a lane out again in publish order after a failed
+    message (Kafka partitions, SQS FIFO groups, Pub/Sub ordering keys, Service Bus
+    sessions do). ``False`` skips :func:`check_order_after_redelivery`, naming
+    :attr:`order_caveat`."""
+
+    order_caveat: str = ""
+
+    async def setup(self) -> None:  # noqa: B027 - optional hook
+        """Create the source and the DLQ; called once, before the check publishes."""
+
+    async def teardown(self) -> None:  # noqa: B027 - optional hook
+        """Close whatever :meth:`setup` opened; called once, after the check."""
+
+    @abstractmethod
+    async def publish(self, messages: Sequence[tuple[str, str]]) -> None:
+        """Publish ``(lane, body)`` pairs in this order; ``lane`` is one of :data:`LANES`
+        and messages of one lane must reach the adapter in this order."""
+
+    @abstractmethod
+    def producer(self) -> SharedStreamProducer:
+        """A new producer on the source, with dead-lettering configured."""
+
+    @abstractmethod
+    def body(self, raw: Any) -> str:
+        """The body of a raw event as the adapter yields it."""
+
+    @abstractmethod
+    async def wait_fully_advanced(self) -> None:
+        """Return once the broker holds nothing unacknowledged / uncommitted (while the
+        group still runs). Unbounded; callers wrap it in ``asyncio.timeout``."""
+
+    @abstractmethod
+    async def unadvanced(self) -> int:
+        """After the group stopped: how many messages the broker would deliver again."""
+
+    @abstractmethod
+    async def dead_lettered(self, count: int) -> list[str]:
+        """Wait until ``count`` messages are in the DLQ; return their bodies."""
+
+    def manager(self) -> SharedStreamManager:
+        return SharedStreamManager(ack_timeout=TIMEOUT, max_concurrent_advances=len(LANES))
+
+
+@dataclass(frozen=True)
+class Advanced:
+    """One item ackgate handed to ``advance``, after the adapter's ``advance`` returned."""
+
+    body: str
+    lane: Hashable
+    outcome: AdvanceOutcome
+
+
+class AdvanceLog:
+    """Every :class:`Advanced` of a check, in order, with a condition to wait on.
+
+    It also holds what each subscriber of the running group finished handling, and
+    records every clean advance of a body some subscriber had not finished handling
+    in ``unearned`` (checked by :func:`check_cancel_and_restart`).
+    """
+
+    def __init__(self) -> None:
+        self.items: list[Advanced] = []
+        self.handled: dict[str, set[str]] = {sid: set() for sid in SUBSCRIBERS}
+        self.unearned: list[Advanced] = []
+        self._changed = asyncio.Condition()
+
+    def new_group(self) -> None:
+        self.handled = {sid: set() for sid in SUBSCRIBERS}
+
+    async def add(self, items: list[Advanced]) -> None:
+        for item in items:
+            if item.outcome.is_clean and not all(
+                item.body in handled for handled in self.handled.values()
+            ):
+                self.unearned.append(item)
+        async with self._changed:
+            self.items.extend(items)
+            self._changed.notify_all()
+
+    async def wait_for(self, predicate: Callable[[list[Advanced]], bool]) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: predicate(self.items))
+
+    def clean(self) -> set[str]:
+        return {item.body for item in self.items if item.outcome.is_clean}
+
+
+class RecordingProducer(SharedStreamProducer):
+    """The adapter's producer, unchanged, recording what ``advance`` was given."""
+
+    def __init__(self, inner: SharedStreamProducer, harness: BrokerHarness, log: AdvanceLog):
+        self._inner = inner
+        self._harness = harness
+        self._log = log
+        # id(payload) -> (payload, body, lane); the payload is kept so its id stays unique.
+        self._pending: dict[int, tuple[Any, str, Hashable]] = {}
+
+    def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
+        return self._stream()
+
+    async def _stream(self) -> AsyncIterator[tuple[Any, Any]]:
+        stream = self._inner.open_stream()
+        try:
+            async for raw, payload in stream:
+                lane = self._inner.get_advance_lane(payload)
+                self._pending[id(payload)] = (payload, self._harness.body(raw), lane)
+                yield raw, payload
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    def get_advance_lane(self, broker_payload: Any) -> Hashable:
+        return self._pending[id(broker_payload)][2]
+
+    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        await self._inner.advance(batch)
+        done = [self._pending.pop(id(item.broker_payload)) for item in batch]
+        await self._log.add(
+            [
+                Advanced(body, lane, item.outcome)
+                for (_, body, lane), item in zip(done, batch, strict=True)
+            ]
+        )
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def interleaved(per_lane: int) -> list[tuple[str, str]]:
+    """``per_lane`` messages per lane, bodies ``"<lane>:<n>"``, lanes interleaved."""
+    return [(lane, f"{lane}:{n}") for n in range(per_lane) for lane in LANES]
+
+
+class Crash(Exception):
+    """A handler blowing up mid-event."""
+
+
+OnEvent = Callable[[str, str], None]
+"""Called by a subscriber with (subscriber id, body) for every event it is handed; it
+may call ``reject_shared_stream_event()`` or raise :class:`Crash`."""
+
+
+@dataclass
+class Run:
+    """What one check observed: bodies handed to each subscriber, and the advances
+    (``log.handled``: what each finished handling)."""
+
+    seen: dict[str, list[str]]
+    log: AdvanceLog
+
+
+async def _stop(tasks: Sequence[asyncio.Task[Any]]) -> None:
+    """Cancel the subscribers; re-raise anything but cancellation they raised."""
+    for task in tasks:
+        task.cancel()
+    for result in await asyncio.gather(*tasks, return_exceptions=True):
+        if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+            raise result
+
+
+async def _group(
+    harness: BrokerHarness,
+    log: AdvanceLog,
+    until: Callable[[AdvanceLog], bool],
+    on_event: OnEvent | None = None,
+    handling: float = 0.0,
+    drain: bool = True,
+) -> dict[str, list[str]]:
+    """Run one group of :data:`SUBSCRIBERS` until ``until(log)`` holds (and, with
+    ``drain``, the broker is fully advanced), cancel them and close the group; return
+    the bodies each was handed.
+
+    A subscriber whose ``on_event`` raises :class:`Crash` leaves the group with the
+    exception (its open event is failed) and subscribes again. ``handling`` seconds of
+    work follow each event, after which the body counts as handled (:attr:`Run.handled`).
+    """
+
+    def make() -> SharedStreamProducer:
+        return RecordingProducer(harness.producer(), harness, log)
+
+    seen: dict[str, list[str]] = {sid: [] for sid in SUBSCRIBERS}
+
+    async def consume(sub: Subscription, sid: str) -> None:
+        while True:
+            try:
+                async with sub:
+                    async for raw in sub:
+                        body = harness.body(raw)
+                        seen[sid].append(body)
+                        if on_event is not None:
+                            on_event(sid, body)
+                        if handling:
+                            await asyncio.sleep(handling)
+                        log.handled[sid].add(body)
+                return
+            except Crash:
+                sub = manager.subscribe(KEY, sid, producer=make)
+
+    async with harness.manager() as manager:
+        # Subscribed in one synchronous step: all three are in the first snapshot.
+        subs = {sid: manager.subscribe(KEY, sid, producer=make) for sid in SUBSCRIBERS}
+        tasks = [asyncio.create_task(consume(subs[sid], sid)) for sid in SUBSCRIBERS]
+        try:
+            await log.wait_for(lambda _: until(log))
+            if drain:
+                await harness.wait_fully_advanced()
+        finally:
+            await _stop(tasks)
+    return seen
+
+
+async def _run(
+    harness: BrokerHarness,
+    messages: Sequence[tuple[str, str]],
+    done: Callable[[AdvanceLog], bool],
+    on_event: OnEvent | None = None,
+) -> Run:
+    """Publish, run one group until ``done(log)`` holds and the broker is fully advanced,
+    and check the broker holds nothing more."""
+    async with asyncio.timeout(TIMEOUT):
+        await harness.publish(messages)
+        log = AdvanceLog()
+        seen = await _group(harness, log, done, on_event)
+        assert await harness.unadvanced() == 0
+    assert not log.unearned, log.unearned
+    return Run(seen, log)
+
+
+def _lane_numbers(bodies: Sequence[str]) -> dict[str, list[int]]:
+    lanes: dict[str, list[int]] = {lane: [] for lane in LANES}
+    for body in bodies:
+        lane, n = body.split(":")
+        lanes[lane].append(int(n))
+    return lanes
+
+
+async def check_nothing_lost(harness: BrokerHarness) -> None:
+    """Three subscribers each see every message; each is advanced clean, acked by all."""
+    messages = interleaved(8)
+    bodies = {body for _, body in messages}
+    run = await _run(harness, messages, lambda log: log.clean() >= bodies)
+    for sid, seen in run.seen.items():
+        assert set(seen) == bodies, sid
+    assert run.log.clean() == bodies
+    assert all(item.outcome.acked == len(SUBSCRIBERS) for item in run.log.items)
+
+
+async def check_order_per_lane(harness: BrokerHarness) -> None:
+    """Within a lane, every subscriber is handed, and ackgate advances, messages in
+    publish order; the adapter's lane keeps each lane together and the lanes apart."""
+    per_lane = 10
+    messages = interleaved(per_lane)
+    bodies = {body for _, body in messages}
+    run = await _run(harness, messages, lambda log: log.clean() >= bodies)
+    expected = {lane: list(range(per_lane)) for lane in LANES}
+    for sid, seen in run.seen.items():
+        assert _lane_numbers(seen) == expected, sid
+    assert _lane_numbers([item.body for item in run.log.items]) == expected
+    adapter_lanes: dict[str, set[Hashable]] = {lane: set() for lane in LANES}
+    for item in run.log.items:
+        adapter_lanes[item.body.split(":")[0]].add(item.lane)
+    assert all(len(lanes) == 1 for lanes in adapter_lanes.values()), adapter_lanes
+    assert len(set.union(*adapter_lanes.values())) == len(LANES), adapter_lanes
+
+
+async def check_reject_goes_to_dlq(harness: BrokerHarness) -> None:
+    """A message one subscriber rejects lands in the DLQ and is not delivered again."""
+    messages = interleaved(4)
+    bodies = {body for _, body in messages}
+    rejected = {"a:1", "c:2"}
+
+    def reject(sid: str, body: str) -> None:
+        if sid == SUBSCRIBERS[0] and body in rejected:
+            reject_shared_stream_event()
+
+    run = await _run(
+        harness, messages, lambda log: {item.body for item in log.items} >= bodies, reject
+    )
+    for sid, seen in run.seen.items():
+        assert Counter(seen) == Counter(bodies), sid  # each exactly once
+    assert Counter(item.body for item in run.log.items) == Counter(bodies)
+    for item in run.log.items:
+        if item.body in rejected:
+            assert item.outcome == AdvanceOutcome(acked=2, failed=0, rejected=1), item
+        else:
+            assert item.outcome.is_clean, item
+    async with asyncio.timeout(TIMEOUT):
+        dead = await harness.dead_lettered(len(rejected))
+    assert sorted(dead) == sorted(rejected)
+
+
+async def check_failed_is_redelivered(harness: BrokerHarness) -> None:
+    """A message whose handler crashed is delivered again, then advanced clean."""
+    messages = interleaved(4)
+    bodies = {body for _, body in messages}
+    victim = "b:1"
+    crashed: list[str] = []
+
+    def crash_once(sid: str, body: str) -> None:
+        if sid == SUBSCRIBERS[0] and body == victim and not crashed:
+            crashed.append(sid)
+            raise Crash
+
+    def redelivered(log: AdvanceLog) -> bool:
+        outcomes = [item.outcome for item in log.items if item.body == victim]
+        failed = [i for i, outcome in enumerate(outcomes) if outcome.failed]
+        return (
+            bool(failed)
+            and any(outcome.is_clean for outcome in outcomes[failed[0] :])
+            and log.clean() >= bodies
+        )
+
+    run = await _run(harness, messages, redelivered, crash_once)
+    assert crashed == [SUBSCRIBERS[0]]
+    # The first advance of the victim counts the crash; a later one is clean.
+    victim_outcomes = [item.outcome for item in run.log.items if item.body == victim]
+    assert victim_outcomes[0].failed == 1, victim_outcomes
+    assert any(outcome.is_clean for outcome in victim_outcomes[1:]), victim_outcomes
+    # Leaving with an exception fails what was queued for the crasher too; every failed
+    # message came back and was advanced clean after all.
+    assert run.log.clean() == bodies
+    for sid, seen in run.seen.items():
+        assert set(seen) == bodies, sid
+        assert Counter(seen)[victim] >= 2, sid  # handed out again, to everyone
+
+
+async def check_order_after_redelivery(harness: BrokerHarness) -> None:
+    """After a crash fails a message, its lane is handed out again from that message
+    on: every lane is advanced clean exactly once per message, in publish order, and
+    each subscriber still first meets each lane's messages in publish order."""
+    per_lane = 6
+    messages = interleaved(per_lane)
+    bodies = {body for _, body in messages}
+    victim = "b:1"
+    crashed: list[str] = []
+
+    def crash_once(sid: str, body: str) -> None:
+        if sid == SUBSCRIBERS[0] and body == victim and not crashed:
+            crashed.append(sid)
+            raise Crash
+
+    run = await _run(harness, messages, lambda log: log.clean() >= bodies, crash_once)
+    assert crashed == [SUBSCRIBERS[0]]
+    clean = [item.body for item in run.log.items if item.outcome.is_clean]
+    expected = {lane: list(range(per_lane)) for lane in LANES}
+    assert _lane_numbers(clean) == expected, clean
+    for sid, seen in run.seen.items():
+        assert _lane_numbers(list(dict.fromkeys(seen))) == expected, (sid, seen)
+    assert not run.log.unearned, run.log.unearned
+
+
+async def check_cancel_and_restart(harness: BrokerHarness) -> None:
+    """Cancel every subscriber mid-stream (mid-event for some), close the group, then
+    start a new group on the same source: every message is advanced clean by one of
+    the two groups, none is advanced clean before all three subscribers of its group
+    finished handling it, and the broker ends with nothing unadvanced."""
+    messages = interleaved(10)
+    bodies = {body for _, body in messages}
+    async with asyncio.timeout(2 * TIMEOUT):
+        await harness.publish(messages)
+        log = AdvanceLog()
+        await _group(
+            harness,
+            log,
+            lambda log: len(log.clean()) >= len(bodies) // 3,
+            handling=0.02,
+            drain=False,
+        )
+        first = log.clean()
+        assert first < bodies, "the first group was not stopped mid-stream"
+        log.new_group()
+        await _group(harness, log, lambda log: log.clean() >= bodies, handling=0.0)
+        assert await harness.unadvanced() == 0
+    assert log.clean() == bodies
+    assert not log.unearned, log.unearned
+
+
+CHECKS: dict[str, Callable[[BrokerHarness], Awaitable[None]]] = {
+    "nothing_lost": check_nothing_lost,
+    "order_per_lane": check_order_per_lane,
+    "reject_goes_to_dlq": check_reject_goes_to_dlq,
+    "failed_is_redelivered": check_failed_is_redelivered,
+    "order_after_redelivery": check_order_after_redelivery,
+    "cancel_and_restart": check_cancel_and_restart,
+}
+
+
+async def run_check(
+    check: Callable[[BrokerHarness], Awaitable[None]], harness: BrokerHarness
+) -> None:
+    """``setup()``, the check, ``teardown()`` (also when the check fails)."""
+    await harness.setup()
+    try:
+        await check(harness)
+    finally:
+        await harness.teardown()
+
+
+class ConformanceSuite:
+    """The whole suite as pytest tests: subclass it (the subclass's name starting with
+    ``Test``) and define a ``harness`` fixture returning a new :class:`BrokerHarness`
+    per test. Each test runs its check in a fresh event loop, so the suite needs no
+    asyncio plugin and works in any ``asyncio_mode``."""
+
+    @staticmethod
+    def _check(name: str, harness: BrokerHarness) -> None:
+        asyncio.run(run_check(CHECKS[name], harness))
+
+    def test_nothing_lost(self, harness: BrokerHarness) -> None:
+        self._check("nothing_lost", harness)
+
+    def test_order_per_lane(self, harness: BrokerHarness) -> None:
+        self._check("order_per_lane", harness)
+
+    def test_reject_goes_to_dlq(self, harness: BrokerHarness) -> None:
+        self._check("reject_goes_to_dlq", harness)
+
+    def test_failed_is_redelivered(self, harness: BrokerHarness) -> None:
+        self._check("failed_is_redelivered", harness)
+
+    def test_order_after_redelivery(self, harness: BrokerHarness) -> None:
+        if not harness.keeps_lane_order_on_redelivery:
+            import pytest
+
+            pytest.skip(f"the harness says its broker does not: {harness.order_caveat}")
+        self._check("order_after_redelivery", harness)
+
+    def test_cancel_and_restart(self, harness: BrokerHarness) -> None:
+        self._check("cancel_and_restart", harness)
