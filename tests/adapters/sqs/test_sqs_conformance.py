@@ -1,8 +1,9 @@
 """The public conformance kit over SqsStreamProducer and a real SQS server.
 
 The container path runs ElasticMQ, whose FIFO queues hand a message group out again
-in order after a redelivery, as SQS does; moto (the local path) reorders the group,
-so there the order-after-redelivery check is skipped with that reason.
+in order after a redelivery, as SQS does. moto (the local path) reorders a group only
+when a visibility timeout expires; the adapter releases a failed message with
+visibility 0, so the order-after-redelivery check holds on both.
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ class SqsHarness(BrokerHarness):
     def __init__(self, fresh: SqsFresh) -> None:
         self.fresh = fresh
         self.url = self.dlq_url = ""
-        self.keeps_lane_order_on_redelivery = fresh.broker.server != "moto"
-        self.order_caveat = "moto reorders a FIFO message group after a visibility timeout"
         self._client: Any = None
         self.sqs: SqsAdmin
 
