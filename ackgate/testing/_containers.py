@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import importlib
 import json
 import os
 import socket
@@ -92,8 +93,7 @@ def owner_alive(owner: str) -> bool:
 
 def docker_client() -> Any:
     """A docker SDK client that answered a ping; raises with the reason otherwise."""
-    import docker
-
+    docker: Any = importlib.import_module("docker")  # testcontainers' dependency
     client = docker.from_env(timeout=30)
     client.ping()
     return client

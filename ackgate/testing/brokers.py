@@ -30,7 +30,7 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
@@ -165,7 +165,7 @@ def _sqs_server(endpoint: str) -> str:
 
 def _wrap(
     kind: Kind, origin: str, start: Callable[[], AbstractContextManager[str]]
-) -> Iterator[Broker]:
+) -> Generator[Broker, None, None]:
     with start() as address:
         if kind == "kafka":
             yield KafkaBroker(address, origin=origin)
