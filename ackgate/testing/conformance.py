@@ -104,6 +104,10 @@ class BrokerHarness(ABC):
 
     order_caveat: str = ""
 
+    timeout: float = TIMEOUT
+    """Seconds a check may take (and the ack timeout of its manager); a check that
+    runs out fails with ``TimeoutError``."""
+
     async def setup(self) -> None:  # noqa: B027 - optional hook
         """Create the source and the DLQ; called once, before the check publishes."""
 
@@ -137,7 +141,7 @@ class BrokerHarness(ABC):
         """Wait until ``count`` messages are in the DLQ; return their bodies."""
 
     def manager(self) -> SharedStreamManager:
-        return SharedStreamManager(ack_timeout=TIMEOUT, max_concurrent_advances=len(LANES))
+        return SharedStreamManager(ack_timeout=self.timeout, max_concurrent_advances=len(LANES))
 
 
 @dataclass(frozen=True)
@@ -317,7 +321,7 @@ async def _run(
 ) -> Run:
     """Publish, run one group until ``done(log)`` holds and the broker is fully advanced,
     and check the broker holds nothing more."""
-    async with asyncio.timeout(TIMEOUT):
+    async with asyncio.timeout(harness.timeout):
         await harness.publish(messages)
         log = AdvanceLog()
         seen = await _group(harness, log, done, on_event)
@@ -384,7 +388,7 @@ async def check_reject_goes_to_dlq(harness: BrokerHarness) -> None:
             assert item.outcome == AdvanceOutcome(acked=2, failed=0, rejected=1), item
         else:
             assert item.outcome.is_clean, item
-    async with asyncio.timeout(TIMEOUT):
+    async with asyncio.timeout(harness.timeout):
         dead = await harness.dead_lettered(len(rejected))
     assert sorted(dead) == sorted(rejected)
 
@@ -456,7 +460,7 @@ async def check_cancel_and_restart(harness: BrokerHarness) -> None:
     finished handling it, and the broker ends with nothing unadvanced."""
     messages = interleaved(10)
     bodies = {body for _, body in messages}
-    async with asyncio.timeout(2 * TIMEOUT):
+    async with asyncio.timeout(2 * harness.timeout):
         await harness.publish(messages)
         log = AdvanceLog()
         await _group(

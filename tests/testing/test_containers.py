@@ -61,7 +61,8 @@ def test_servicebus_without_its_image_fails_with_the_image_named(
     with pytest.raises(NoBroker) as failure, broker("servicebus", "container"):
         pass
     attempts = dict(failure.value.attempts)
-    assert "ackgate/absent-mssql:none did not start" in attempts[
-        "container ackgate/absent-servicebus:none"
-    ]
+    assert (
+        "ackgate/absent-mssql:none did not start"
+        in attempts["container ackgate/absent-servicebus:none"]
+    )
     assert attempts["local"] == "not tried: ACKGATE_BROKERS=container"
