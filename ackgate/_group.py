@@ -281,7 +281,7 @@ class Group:
                 continue
             first = unresolved[0].broadcast_at
             now = self.clock()
-            if now - first < self.ack_timeout:  # the test ``expire`` applies
+            if now - first < self.ack_timeout:  # not due, by the same test as ``expire``
                 # Rounding may put ``first + ack_timeout`` at or before ``now`` while
                 # the event is not due yet: then wait for the clock to move at all.
                 deadline = max(first + self.ack_timeout, math.nextafter(now, math.inf))
@@ -334,6 +334,7 @@ class Group:
                     lane_key = get_lane(payload) if get_lane is not None else None
                     self._broadcast(raw, payload, lane_key)
                     if tracker.outstanding >= max_outstanding:
+                        assert tracker.outstanding == max_outstanding, "over max_outstanding"
                         # SPEC §9: pull nothing more until advances make room.
                         await tracker.wait_for_room()
                         if self.terminal is not None:
@@ -343,7 +344,6 @@ class Group:
                     since_yield = 0
                     await asyncio.sleep(0)
             else:
-                self._poll_exited = True
                 self.terminate(StreamTerminated, "the upstream ended")
         except asyncio.CancelledError as exc:
             if asyncio.current_task().cancelling():  # type: ignore[union-attr]
@@ -362,7 +362,6 @@ class Group:
                 await aclose()
 
     def _upstream_failed(self, exc: BaseException) -> None:
-        self._poll_exited = True
         if isinstance(exc, asyncio.CancelledError):
             logger.error(
                 "the upstream raised CancelledError itself; the group ends key=%r",
@@ -458,12 +457,15 @@ class Group:
     # -- ending --------------------------------------------------------------------
 
     def _abandon_bindings(self) -> None:
-        """The group stopped: outputs still bound to its events can never count."""
-        subs = [*self.members.values(), *self.departed]
+        """The group stopped: outputs bound to its events can never count any more,
+        and a member still on an event binds nothing more to it (``bind`` returns
+        ``None``), so no number keeps the stopped group alive."""
         abandoned = 0
-        for sub in subs:
+        for sub in [*self.members.values(), *self.departed]:
             abandoned += sum(sub._outputs.values())
             sub._outputs.clear()
+            if sub._current is not None:
+                sub._current_resolved = True
         self.departed.clear()
         self.bindings.abandoned(abandoned, sweep=True)
 

@@ -68,32 +68,36 @@ async def test_a_slow_subscriber_holds_the_poll_and_nothing_is_force_failed() ->
     producer = ScriptedProducer(lane=lambda payload: payload)
     for i in range(10):
         producer.feed(i, i)
-    async with SharedStreamManager(max_outstanding=3) as manager:
-        async with manager.subscribe("k", "slow", producer=lambda: producer) as sub:
-            await turn()
-            [stats] = manager.stats()
-            assert stats.outstanding == 3  # broadcast 0, 1, 2: then the poll waits
-            assert sub._group.log.head == 3
-            got = [await anext(sub) for _ in range(10)]  # each pull makes room
-            assert got == list(range(10))
-            assert stats.failed_subscribers == 0
-            await producer.wait_advanced(9)
+    async with (
+        SharedStreamManager(max_outstanding=3) as manager,
+        manager.subscribe("k", "slow", producer=lambda: producer) as sub,
+    ):
+        await turn()
+        [stats] = manager.stats()
+        assert stats.outstanding == 3  # broadcast 0, 1, 2: then the poll waits
+        assert sub._group.log.head == 3
+        got = [await anext(sub) for _ in range(10)]  # each pull makes room
+        assert got == list(range(10))
+        assert stats.failed_subscribers == 0
+        await producer.wait_advanced(9)
 
 
 async def test_unconfirmed_outputs_hold_the_poll_until_confirmed() -> None:
     producer = ScriptedProducer()
     for i in range(5):
         producer.feed(i, i)
-    async with SharedStreamManager(max_outstanding=2) as manager:
-        async with manager.subscribe("k", "s", producer=lambda: producer) as sub:
-            seqs = []
-            for _ in range(2):
-                await anext(sub)
-                seqs.append(sub.bind())
-            pull = asyncio.create_task(anext(sub))  # closes the window on event 1
-            await turn()
-            assert not pull.done()  # event 2 is not pulled: 0 and 1 are unconfirmed
-            assert manager.stats()[0].outstanding == 2
-            manager.confirm_persisted(seqs)  # type: ignore[arg-type]
-            assert await pull == 2
-            await producer.wait_advanced(2)
+    async with (
+        SharedStreamManager(max_outstanding=2) as manager,
+        manager.subscribe("k", "s", producer=lambda: producer) as sub,
+    ):
+        seqs = []
+        for _ in range(2):
+            await anext(sub)
+            seqs.append(sub.bind())
+        pull = asyncio.create_task(anext(sub))  # closes the window on event 1
+        await turn()
+        assert not pull.done()  # event 2 is not pulled: 0 and 1 are unconfirmed
+        assert manager.stats()[0].outstanding == 2
+        manager.confirm_persisted(seqs)  # type: ignore[arg-type]
+        assert await pull == 2
+        await producer.wait_advanced(2)

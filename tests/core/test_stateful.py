@@ -86,6 +86,7 @@ class Generation:
     members: dict[str, MSub] = field(default_factory=dict)
     #: Fed to the producer, not pulled by the poll yet (it waits at max_outstanding).
     backlog: deque[tuple[int, int]] = field(default_factory=deque)
+    backlog_empty: asyncio.Event = field(default_factory=asyncio.Event)
     terminal: type[StreamTerminated] | None = None
     terminal_step: int | None = None
     advance_failed: bool = False
@@ -177,6 +178,7 @@ class GroupMachine(RuleBasedStateMachine):
                 if msub.state != "left":
                     self.leave_model(msub, crashed=False)
                     self.run(msub.sub.aclose())
+                    self.settle()  # a quiet loop: the next leave's model moves first
             assert self.manager is not None
             self.run(self.manager.aclose())
             self.settle()
@@ -307,7 +309,10 @@ class GroupMachine(RuleBasedStateMachine):
             assert not event.advanced, "advanced twice"
             assert len(event.resolved) == len(event.snapshot), f"unresolved: {event}"
             outcome = item.outcome
-            assert (outcome.acked, outcome.failed, outcome.rejected) == event.counts(), event
+            assert (outcome.acked, outcome.failed, outcome.rejected) == event.counts(), (
+                outcome,
+                event,
+            )
             reasons = tuple(text for _, text in sorted(event.reasons.values()))
             assert outcome.reasons == reasons, (outcome, event)
             assert outcome.acked + outcome.failed + outcome.rejected == len(event.snapshot)
@@ -400,15 +405,11 @@ class GroupMachine(RuleBasedStateMachine):
         self.next_event += 1
         pulled_now = not gen.backlog and self.outstanding(gen) < self.max_outstanding
         gen.backlog.append((event_id, lane))
+        gen.backlog_empty.clear()
         # The model moved first: the broadcast (``pulled``) may cause advances at once.
         gen.producer.feed(f"raw-{event_id}", (lane, event_id))
         if pulled_now:
-
-            async def pulled() -> None:
-                while gen.backlog:
-                    await asyncio.sleep(0)
-
-            self.run(pulled())
+            self.run(gen.backlog_empty.wait())
         self.settle()
 
     def pulled(self, gen: Generation) -> None:
@@ -416,6 +417,8 @@ class GroupMachine(RuleBasedStateMachine):
         assert gen.terminal is None, "pulled after the group ended"
         assert self.outstanding(gen) < self.max_outstanding, "pulled at max_outstanding"
         event_id, lane = gen.backlog.popleft()
+        if not gen.backlog:
+            gen.backlog_empty.set()
         # The model: expire first, then the snapshot, then overflow.
         self.check_timeouts(gen)
         snapshot = {m.token for m in gen.members.values() if m.state == "active"}
