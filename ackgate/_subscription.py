@@ -193,9 +193,11 @@ class Subscription:
     def bind(self) -> int | None:
         """Bind one derived output to the open window; return its sequence number.
 
-        Pass the number to ``manager.confirm_persisted`` once the output is stored.
-        Returns ``None`` outside ack mode, outside a window, or when this
-        subscriber's part in the open event is already resolved.
+        Pass the number to ``manager.confirm_persisted`` once the output is stored,
+        or to ``manager.reject_bound`` / ``manager.fail_bound`` to resolve the
+        event otherwise, possibly after moving on (SPEC §8). Returns ``None``
+        outside ack mode, outside a window, when this subscriber's part in the
+        open event is already resolved, or once the group stopped.
         """
         event = self._current
         if event is None or self._current_resolved:
