@@ -457,9 +457,13 @@ class Group:
     # -- ending --------------------------------------------------------------------
 
     def _abandon_bindings(self) -> None:
-        """The group stopped: outputs bound to its events can never count any more,
-        and a member still on an event binds nothing more to it (``bind`` returns
-        ``None``), so no number keeps the stopped group alive."""
+        """The group stopped: what is unresolved now is abandoned to redelivery.
+
+        Outputs bound to its events can never count any more, and a member still
+        on an event binds nothing more to it (``bind`` returns ``None``), so no
+        number keeps the stopped group alive. Nothing expires any more either.
+        """
+        self.unresolved.clear()
         abandoned = 0
         for sub in [*self.members.values(), *self.departed]:
             abandoned += sum(sub._outputs.values())

@@ -226,6 +226,8 @@ class GroupMachine(RuleBasedStateMachine):
             msub.closed_windows.discard(event_id)
 
     def check_timeouts(self, gen: Generation) -> None:
+        if gen.producer.closed:
+            return  # the group stopped: what was unresolved is abandoned, nothing expires
         for event_id in gen.order:
             event = gen.events[event_id]
             if len(event.resolved) < len(event.snapshot):
@@ -489,7 +491,8 @@ class GroupMachine(RuleBasedStateMachine):
             return
         msub = data.draw(st.sampled_from(self.subs))
         seq = self.call(msub.sub.bind)
-        if msub.current is None or msub.current_resolved or msub.state == "left":
+        stopped = msub.gen.producer.closed > 0  # the open event was abandoned at the stop
+        if msub.current is None or msub.current_resolved or msub.state == "left" or stopped:
             assert seq is None
             return
         assert isinstance(seq, int) and seq not in self.binding_of
