@@ -37,8 +37,10 @@ class SharedStreamProducer(ABC):
         group ends and subscribers get ``StreamTerminated``); so is yielding
         anything but a 2-tuple (``StreamTerminated`` with the error as
         ``__cause__``). Cancellation arrives at a ``yield`` or an ``await``
-        when the group stops; clean up in ``finally`` but keep the connection
-        that :meth:`advance` needs.
+        when the group stops, once: the ``finally`` may await and runs to its
+        end. Clean up there but keep the connection that :meth:`advance` needs.
+        A ``CancelledError`` raised by the generator itself (not by that
+        cancellation) is a failure like any other: ``StreamTerminated``.
         """
 
     @abstractmethod
@@ -54,8 +56,10 @@ class SharedStreamProducer(ABC):
         (commit, dead-letter, redeliver) is the producer's decision.
 
         Raising ends the group: every subscriber gets ``AdvanceFailed`` with this
-        exception as ``__cause__``. Cancellation: not cancelled by ackgate once
-        started, except when the manager's own task is cancelled.
+        exception as ``__cause__`` (a ``CancelledError`` raised by the call itself
+        included). Cancellation: not cancelled by ackgate once started, except
+        when the manager's own task is cancelled. :meth:`aclose` never overlaps a
+        call in flight.
         """
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
