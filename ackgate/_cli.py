@@ -1,4 +1,5 @@
-"""The ``ackgate`` command: ``ackgate demo`` runs the whole pipeline on the embedded broker.
+"""The ``ackgate`` command: ``ackgate demo`` runs the whole pipeline on the embedded broker;
+``ackgate run MODULE:ATTR`` runs services (:mod:`ackgate._run`).
 
 This module is the command line around the run in :mod:`ackgate._demo`: it parses
 and checks the options, shows progress bars while the run goes and prints its
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ackgate._demo import HANDLERS, Demo
+from ackgate._run import add_parser as add_run_parser
+from ackgate._run import run_command
 
 
 class _Parser(argparse.ArgumentParser):
@@ -98,6 +101,7 @@ def _parser() -> _Parser:
         metavar="PATH",
         help="SQLite file for the indexer (default: a temporary one)",
     )
+    add_run_parser(commands)
     return parser
 
 
@@ -105,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     parser = _parser()
     opts = parser.parse_args(argv)
+    if opts.command == "run":
+        return run_command(opts)
     if opts.crash_at is not None:
         if "notifier" not in opts.handlers:
             parser.error("--crash-at needs the notifier among --handlers")
