@@ -34,7 +34,7 @@ UNORDERED: Any = object()
 class Job:
     """One handler call to make: its argument, its messages and their tickets."""
 
-    __slots__ = ("argument", "key", "messages", "resolved", "seqs", "task")
+    __slots__ = ("argument", "key", "messages", "resolved", "seqs")
 
     def __init__(
         self, argument: Any, messages: Sequence[Message], seqs: Sequence[int], key: Hashable
@@ -48,11 +48,15 @@ class Job:
         self.key = key
         #: Set once the tickets were resolved. Invariant: they are resolved exactly once.
         self.resolved = False
-        self.task: asyncio.Task[None] | None = None
 
 
 class Calls:
-    """The jobs of one handler's subscription, from submission to resolution."""
+    """The jobs of one handler's subscription, from submission to resolution.
+
+    A *slot* is a task that runs ready jobs one after another and ends when none is
+    ready: a busy handler creates no task per message, and the next job of a lane
+    starts in the same step its predecessor ended.
+    """
 
     def __init__(
         self, spec: HandlerSpec, manager: SharedStreamManager, counters: HandlerCounters
@@ -61,32 +65,34 @@ class Calls:
         self._manager = manager
         self._counters = counters
         self._concurrency = spec.concurrency
-        #: How many jobs the feed may hold before it waits: ordered per-message handlers
-        #: hold twice their concurrency, so a busy key does not idle every slot; batch
-        #: handlers fill their next batch while ``concurrency`` batches run.
-        if spec.batched:
-            self.capacity = spec.concurrency + 1
-        elif spec.ordering == "none":
-            self.capacity = spec.concurrency
-        else:
-            self.capacity = 2 * spec.concurrency
-        #: Jobs submitted and not finished. Invariant: ``held == len(_running) +
+        #: How many jobs the feed may hold before it waits: per-message handlers hold
+        #: twice their concurrency, so a slot that ends a call finds the next one ready
+        #: (and a busy key does not idle every slot); batch handlers fill their next
+        #: batch while ``concurrency`` batches run.
+        self.capacity = spec.concurrency + 1 if spec.batched else 2 * spec.concurrency
+        #: Jobs submitted and not finished. Invariant: ``held == (jobs in slots) +
         #: len(_ready) + sum(map(len, _behind.values()))``.
         self.held = 0
-        #: Running calls. Invariant: ``len(_running) <= concurrency``.
-        self._running: set[asyncio.Task[None]] = set()
-        #: Jobs free to start (no earlier job of their key left), waiting for a slot.
+        #: Running slots. Invariants: ``len(_slots) <= concurrency``; a slot ends only
+        #: when ``_ready`` is empty (or closed), so ready jobs never wait for a free slot.
+        self._slots: set[asyncio.Task[None]] = set()
+        #: Jobs free to start (no earlier job of their key left), in submission order.
         self._ready: deque[Job] = deque()
         #: Per ordering key with a job running or ready: the jobs waiting behind it.
         self._behind: dict[Hashable, deque[Job]] = {}
         self._room: asyncio.Future[None] | None = None
-        #: Set by :meth:`finish` / :meth:`abort`: no job starts any more.
+        #: Set by :meth:`close`: no job starts any more.
         self._closed = False
 
     # -- feeding ------------------------------------------------------------------
 
     def submit(self, job: Job) -> None:
-        """Take ``job``: start it now if its key and a slot are free, else queue it."""
+        """Take ``job``: it starts at once if its key and a slot are free, else waits.
+        Once closed, its tickets fail at once: it is never handed to the handler."""
+        if self._closed:
+            job.resolved = True
+            self._manager.fail_bound(job.seqs)
+            return
         self.held += 1
         key = job.key
         if key is not UNORDERED:
@@ -95,10 +101,9 @@ class Calls:
                 behind.append(job)
                 return
             self._behind[key] = deque()
-        if len(self._running) < self._concurrency and not self._closed:
-            self._start(job)
-        else:
-            self._ready.append(job)
+        self._ready.append(job)
+        if len(self._slots) < self._concurrency:
+            self._slots.add(asyncio.get_running_loop().create_task(self._slot()))
 
     async def wait_room(self) -> None:
         """Wait until ``held < capacity``. Cancellation: nothing changes."""
@@ -111,16 +116,21 @@ class Calls:
 
     # -- stopping -----------------------------------------------------------------
 
-    async def finish(self, deadline: float) -> None:
-        """Start nothing more; give running calls until ``deadline`` (loop time), then
-        cancel the rest. Jobs not started fail at once. Cancellation: every call is
-        cancelled (its tickets fail) and this returns without waiting for them."""
+    def close(self) -> None:
+        """Start no job any more: the jobs not started fail at once (the broker
+        redelivers them), later submissions too. Calls in progress go on. Idempotent."""
         self._closed = True
         self._drop_waiting()
+
+    async def finish(self, deadline: float) -> None:
+        """:meth:`close`, give running calls until ``deadline`` (loop time), then cancel
+        the rest. Cancellation: every call is cancelled (its tickets fail) and this
+        returns without waiting for them."""
+        self.close()
         try:
-            if self._running:
+            if self._slots:
                 timeout = max(0.0, deadline - asyncio.get_running_loop().time())
-                await asyncio.wait(set(self._running), timeout=timeout)
+                await asyncio.wait(set(self._slots), timeout=timeout)
         finally:
             await self.abort()
 
@@ -130,13 +140,12 @@ class Calls:
         Returns once the cancelled calls have ended. Idempotent. Cancellation: the
         calls are cancelled already; this stops waiting for them.
         """
-        self._closed = True
-        self._drop_waiting()
-        running = list(self._running)
-        for task in running:
-            task.cancel()
-        if running:
-            await asyncio.gather(*running, return_exceptions=True)
+        self.close()
+        slots = list(self._slots)
+        for slot in slots:
+            slot.cancel()
+        if slots:
+            await asyncio.gather(*slots, return_exceptions=True)
 
     def _drop_waiting(self) -> None:
         dropped = list(self._ready)
@@ -152,26 +161,28 @@ class Calls:
 
     # -- running ------------------------------------------------------------------
 
-    def _start(self, job: Job) -> None:
-        task = job.task = asyncio.get_running_loop().create_task(self._call(job))
-        self._running.add(task)
-
-    async def _call(self, job: Job) -> None:
+    async def _slot(self) -> None:
+        ready = self._ready
         counters = self._counters
-        size = len(job.seqs)
-        counters.in_progress += size
         try:
-            await self._attempts(job)
+            while ready and not self._closed:
+                job = ready.popleft()
+                size = len(job.seqs)
+                counters.in_progress += size
+                try:
+                    await self._attempts(job)
+                finally:
+                    counters.in_progress -= size
+                    if not job.resolved:  # cancelled, or a BaseException from the handler
+                        job.resolved = True
+                        self._manager.fail_bound(job.seqs)
+                    self._finished(job)
         finally:
-            counters.in_progress -= size
-            if not job.resolved:  # cancelled, or a BaseException from the handler
-                job.resolved = True
-                self._manager.fail_bound(job.seqs)
-            assert job.task is not None
-            self._running.discard(job.task)
-            self._finished(job)
+            # At once, not in a done callback: a job submitted from now on needs a new slot.
+            self._slots.discard(asyncio.current_task())  # type: ignore[arg-type]
 
     def _finished(self, job: Job) -> None:
+        """Caller: the slot that ran ``job``; it takes the next ready job, if any."""
         self.held -= 1
         key = job.key
         if key is not UNORDERED:
@@ -180,10 +191,6 @@ class Calls:
                 self._ready.append(behind.popleft())  # the key stays taken
             else:
                 self._behind.pop(key, None)
-        if not self._closed:
-            ready = self._ready
-            while ready and len(self._running) < self._concurrency:
-                self._start(ready.popleft())
         room = self._room
         if room is not None and self.held < self.capacity and not room.done():
             room.set_result(None)

@@ -59,12 +59,16 @@ class HandlerWorker:
         self._order_by = _ordering_key(spec)
         #: Loop time by which a graceful stop ends the calls; ``None`` until stopped.
         self._stop_at: float | None = None
-        #: The running feed. Invariant: set only while a session awaits it.
+        #: The running feed and its calls. Invariant: set only while a session awaits it.
         self._feed: asyncio.Task[NoReturn] | None = None
+        self._calls: Calls | None = None
 
     def stop(self, deadline: float) -> None:
-        """Graceful stop: pull nothing more; calls in progress get until ``deadline``."""
+        """Graceful stop: from now on nothing new is handed to the handler (jobs not
+        started fail at once); calls in progress get until ``deadline`` (loop time)."""
         self._stop_at = deadline
+        if self._calls is not None:
+            self._calls.close()
         if self._feed is not None:
             self._feed.cancel()
 
@@ -80,7 +84,7 @@ class HandlerWorker:
             subscription = self._manager.subscribe(
                 self._key, self.spec.id, producer=self._factory, roster=self._roster
             )
-            calls = Calls(self.spec, self._manager, self._counters)
+            calls = self._calls = Calls(self.spec, self._manager, self._counters)
             pull = self._pull_batches if self.spec.batched else self._pull_each
             feed = self._feed = loop.create_task(pull(subscription, calls))
             try:
@@ -102,7 +106,7 @@ class HandlerWorker:
                 except StreamTerminated as error:
                     return error
             finally:
-                self._feed = None
+                self._feed = self._calls = None
                 await calls.abort()
                 await subscription.aclose()
         return None
