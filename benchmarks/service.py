@@ -47,9 +47,7 @@ async def _drain(broker: MemoryBroker, service: Service) -> float:
     return elapsed
 
 
-async def per_message(
-    messages: int, concurrency: int, ordering: Literal["none", "lane"]
-) -> float:
+async def per_message(messages: int, concurrency: int, ordering: Literal["none", "lane"]) -> float:
     broker = _broker(messages)
     service = Service("bench", producer=lambda: MemoryStreamProducer(broker, "bench", "bench"))
 

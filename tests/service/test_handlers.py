@@ -37,7 +37,9 @@ async def test_returning_acks_and_the_event_is_advanced_clean(running: Any) -> N
     async with running(service):
         await scripted.wait_advanced(3)
     assert bodies == [b"body 0", b"body 1", b"body 2"]
-    assert all(o == AdvanceOutcome(acked=2, failed=0, rejected=0) for o in outcomes(scripted).values())
+    assert all(
+        o == AdvanceOutcome(acked=2, failed=0, rejected=0) for o in outcomes(scripted).values()
+    )
     assert scripted.closed == 1
 
 

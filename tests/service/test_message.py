@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -69,7 +69,7 @@ def test_reject_reason_is_a_str_or_none() -> None:
 
 
 class CountingProducer(MemoryStreamProducer):
-    converted: list[str] = []
+    converted: ClassVar[list[str]] = []
 
     def to_message(self, raw_event: Any, broker_payload: Any) -> Message:
         message = super().to_message(raw_event, broker_payload)

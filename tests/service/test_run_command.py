@@ -15,7 +15,7 @@ from typing import IO
 
 REPO = Path(__file__).resolve().parents[2]
 
-APP = '''
+APP = """
 import asyncio
 import atexit
 import json
@@ -45,9 +45,9 @@ async def fast(messages: list[Message]) -> None:
 @atexit.register
 def report() -> None:  # runs once run() has returned and the loop is gone
     print("committed", json.dumps(broker.committed("orders", "app")), flush=True)
-'''
+"""
 
-HANGS = '''
+HANGS = """
 import asyncio
 
 from ackgate import Message, Service
@@ -63,7 +63,7 @@ services = [Service("orders", producer=lambda: MemoryStreamProducer(broker, "ord
 async def stuck(message: Message) -> None:
     print("started", flush=True)
     await asyncio.Event().wait()
-'''
+"""
 
 
 def ackgate_run(cwd: Path, *args: str) -> subprocess.Popen[str]:
