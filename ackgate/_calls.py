@@ -14,6 +14,7 @@ jobs that have not started (their tickets fail: the broker redelivers them).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections import deque
 from collections.abc import Hashable, Sequence
@@ -55,7 +56,11 @@ class Calls:
 
     A *slot* is a task that runs ready jobs one after another and ends when none is
     ready: a busy handler creates no task per message, and the next job of a lane
-    starts in the same step its predecessor ended.
+    starts in the same step its predecessor ended. Slots run in a copy of the context
+    ``Calls`` was made in, not the feed's: the feed's context names the subscription
+    it is iterating, and ``reject_shared_stream_event()`` from a handler must not
+    reject whatever event the feed is on (it logs a warning instead; handlers raise
+    :class:`~ackgate.Reject`).
     """
 
     def __init__(
@@ -81,6 +86,7 @@ class Calls:
         #: Per ordering key with a job running or ready: the jobs waiting behind it.
         self._behind: dict[Hashable, deque[Job]] = {}
         self._room: asyncio.Future[None] | None = None
+        self._context = contextvars.copy_context()
         #: Set by :meth:`close`: no job starts any more.
         self._closed = False
 
@@ -103,7 +109,9 @@ class Calls:
             self._behind[key] = deque()
         self._ready.append(job)
         if len(self._slots) < self._concurrency:
-            self._slots.add(asyncio.get_running_loop().create_task(self._slot()))
+            slot = self._slot()
+            loop = asyncio.get_running_loop()
+            self._slots.add(loop.create_task(slot, context=self._context.copy()))
 
     async def wait_room(self) -> None:
         """Wait until ``held < capacity``. Cancellation: nothing changes."""

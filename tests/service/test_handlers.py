@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ackgate import AdvanceOutcome, Message, Reject, Retry, Service
+from ackgate import AdvanceOutcome, Message, Reject, Retry, Service, reject_shared_stream_event
 from ackgate.adapters.memory import MemoryBroker, MemoryStreamProducer
 from ackgate.testing import ScriptedProducer
 
@@ -172,3 +172,23 @@ async def test_handlers_run_while_others_are_slow(running: Any) -> None:
         assert scripted.batches == []  # nothing advanced while "slow" is on the first
         release.set()
         await scripted.wait_advanced(5)
+
+
+async def test_reject_shared_stream_event_from_a_handler_rejects_nothing(
+    running: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Handler calls do not run in the feed's context: the core's module-level reject
+    cannot hit whatever event the feed happens to be on. Handlers raise Reject."""
+    scripted = ScriptedProducer()
+    for n in range(3):
+        scripted.feed(b"%d" % n, n)
+    service = Service("k", producer=lambda: scripted)
+
+    @service.handler("h", concurrency=3, ordering="none")
+    async def handle(message: Message) -> None:
+        reject_shared_stream_event()
+
+    async with running(service):
+        await scripted.wait_advanced(3)
+    assert all(o.is_clean for o in outcomes(scripted).values())
+    assert "outside a shared stream window" in caplog.text
