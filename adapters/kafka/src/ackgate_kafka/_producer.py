@@ -41,6 +41,25 @@ the last committed offset. Newly assigned partitions start from their committed
 offset (``auto_offset_reset`` defaults to ``"earliest"`` for a group with no commit,
 so nothing already in the topic is skipped; pass it to override).
 
+**Suspended at a yield (SPEC §10).** Backpressure (``overflow="block"``,
+``max_outstanding``) or a paused rostered group can leave :meth:`open_stream`
+suspended at a ``yield`` for any length of time, and aiokafka leaves the consumer
+group once no ``getmany`` has run for ``max_poll_interval_ms``. So a keeper task
+(one per producer, :mod:`ackgate_kafka._membership`) watches the time since the
+stream's last ``getmany`` ended; past a third of ``max_poll_interval_ms`` it pauses
+every assigned partition and calls ``getmany`` (200 ms timeout) on the stream's
+behalf, which returns nothing but keeps the consumer in the group: heartbeats,
+commits and rebalances go on as usual. Partitions assigned meanwhile are paused
+too; records that arrive anyway are sought back to, so none is skipped. Before its
+next fetch the stream wakes the keeper, waits for its ``getmany`` to return (never
+two at once) and the paused partitions are resumed; records fetched before the
+suspension are yielded as usual (or dropped as stale if a hold or revoke happened
+meanwhile, as above). The stream only checks the keeper once per fetch: nothing is
+added per record. A poll error while keeping ends the group at the stream's next
+fetch, as a poll error would. During a rebalance while suspended, the revoke drain
+still waits at most ``rebalance_drain_timeout`` for yielded events, which a paused
+group may not resolve in time: they are then redelivered to the new owner.
+
 **Errors.** A broker error while starting or polling ends the group: subscribers get
 ``StreamTerminated`` whose ``__cause__`` is a ``ConnectionError`` (cannot reach the
 cluster) or ``RuntimeError`` chained to the aiokafka error. A failed commit or DLQ
@@ -60,7 +79,8 @@ from collections.abc import AsyncGenerator, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ackgate import AdvanceItem, AdvanceOutcome, SharedStreamProducer
+from ackgate import AdvanceItem, AdvanceOutcome, Message, SharedStreamProducer
+from ackgate_kafka._membership import MembershipKeeper
 
 log = logging.getLogger("ackgate.adapters.kafka")
 
@@ -86,6 +106,7 @@ _SHARED_CONNECTION_OPTIONS = frozenset(
 )
 
 _POLL_TIMEOUT_MS = 1000
+_DEFAULT_MAX_POLL_INTERVAL_MS = 300_000  # aiokafka's default
 
 
 def _import_aiokafka() -> Any:
@@ -159,8 +180,12 @@ class _RebalanceListener:
         await self._owner._on_revoked(revoked)
 
     async def on_partitions_assigned(self, assigned: Iterable[Any]) -> None:
+        assigned = list(assigned)
         for tp in assigned:
             self._owner._own(tp)
+        keeper = self._owner._keeper
+        if keeper is not None:
+            keeper.assigned(assigned)
 
 
 class KafkaStreamProducer(SharedStreamProducer):
@@ -226,10 +251,47 @@ class KafkaStreamProducer(SharedStreamProducer):
         self._lock = asyncio.Lock()
         # Set after every commit or hold; a draining revoke waits on it.
         self._progress = asyncio.Event()
+        self._keeper: MembershipKeeper | None = None
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         tp: Hashable = broker_payload.tp
         return tp
+
+    def get_event_id(self, broker_payload: Any) -> Hashable:
+        """``(topic, partition, offset)``: the same record however often it is fetched."""
+        record = broker_payload.record
+        return (record.topic, record.partition, record.offset)
+
+    def to_message(self, raw_event: Any, broker_payload: Any) -> Message:
+        """The record as an :class:`ackgate.Message`.
+
+        ``body`` is the value (``b""`` for a tombstone, whose value is ``None``; tell
+        them apart with ``message.raw.value is None``), ``key`` the key, ``headers``
+        the record headers as a dict (for a header name that occurs more than once
+        the last value wins; every value is in ``message.raw.headers``), ``id``
+        ``"<topic>/<partition>/<offset>"``, ``lane`` the partition
+        (:meth:`get_advance_lane`), ``attempt`` ``None`` (Kafka keeps no delivery
+        count) and ``raw`` the ``ConsumerRecord``. With a value deserializer, a
+        value that is not ``bytes`` is a ``TypeError``.
+        """
+        record = raw_event
+        value = record.value
+        if value is None:
+            value = b""
+        elif not isinstance(value, bytes):
+            raise TypeError(
+                f"{type(self).__name__}.to_message() needs bytes values, got "
+                f"{type(value).__name__}: drop value_deserializer and decode in the handler"
+            )
+        return Message(
+            body=value,
+            key=record.key,
+            headers=dict(record.headers) if record.headers else {},
+            id=f"{record.topic}/{record.partition}/{record.offset}",
+            lane=broker_payload.tp,
+            attempt=None,
+            raw=record,
+        )
 
     async def open_stream(self) -> AsyncGenerator[tuple[Any, Any], None]:
         """Join the group and yield ``(ConsumerRecord, delivery)`` for every fetched record.
@@ -261,22 +323,41 @@ class KafkaStreamProducer(SharedStreamProducer):
         except aiokafka.errors.KafkaError as exc:
             raise self._translate(exc, "could not join the consumer group") from exc
         log.info("Kafka consumer started group=%s topics=%s", self._group_id, self._topics)
-        while True:
-            try:
-                fetched = await self._consumer.getmany(timeout_ms=_POLL_TIMEOUT_MS)
-            except aiokafka.errors.KafkaError as exc:
-                log.error("Kafka poll failed group=%s: %r", self._group_id, exc)
-                raise self._translate(exc, "poll failed") from exc
-            for tp, records in fetched.items():
-                part = self._own(tp)
-                epoch = part.epoch
-                for record in records:
-                    # A hold or revoke while we were suspended at a yield makes the rest
-                    # of this fetch stale: the seek / the new owner fetches it again.
-                    if part.epoch != epoch or part.draining:
-                        break
-                    part.yielded_next = record.offset + 1
-                    yield record, _Delivery(tp, record, epoch)
+        keeper = self._keeper = MembershipKeeper(
+            self._consumer,
+            aiokafka.errors,
+            self._options.get("max_poll_interval_ms", _DEFAULT_MAX_POLL_INTERVAL_MS),
+            self._group_id,
+        )
+        keeper.start()
+        try:
+            while True:
+                try:
+                    # Once per fetch, never per record: the keeper may have polled
+                    # while we were suspended at a yield; it stops before we poll.
+                    if keeper.keeping or keeper.error is not None:
+                        await keeper.wake()
+                    keeper.fetch_started()
+                    try:
+                        fetched = await self._consumer.getmany(timeout_ms=_POLL_TIMEOUT_MS)
+                    finally:
+                        keeper.fetch_ended()
+                except aiokafka.errors.KafkaError as exc:
+                    log.error("Kafka poll failed group=%s: %r", self._group_id, exc)
+                    raise self._translate(exc, "poll failed") from exc
+                for tp, records in fetched.items():
+                    part = self._own(tp)
+                    epoch = part.epoch
+                    for record in records:
+                        # A hold or revoke while we were suspended at a yield makes the
+                        # rest of this fetch stale: the seek / the new owner fetches it
+                        # again.
+                        if part.epoch != epoch or part.draining:
+                            break
+                        part.yielded_next = record.offset + 1
+                        yield record, _Delivery(tp, record, epoch)
+        finally:
+            await keeper.close()
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """Commit past the batch's resolved prefix; dead-letter rejects; hold at a failure.
