@@ -10,8 +10,12 @@ What each outcome does to the broker, per partition (the lane is ``(topic, parti
 * **acked** by every subscriber: committed past.
 * **rejected** by at least one subscriber (none failed): copied to ``dlq_topic`` with the
   original key, value and headers plus ``ackgate.original.topic``,
-  ``ackgate.original.partition``, ``ackgate.original.offset`` and ``ackgate.reason``,
-  and committed past only after the DLQ write is acknowledged. Without ``dlq_topic`` it
+  ``ackgate.original.partition``, ``ackgate.original.offset`` and one
+  ``ackgate.reason`` header, and committed past only after the DLQ write is
+  acknowledged. ``ackgate.reason`` is ``"rejected by <r> of <n> subscribers"``, followed,
+  when rejecting subscribers gave reasons (SPEC §8), by ``": "`` and their
+  ``"<subscriber_id>: <reason>"`` entries joined with ``"; "`` (in subscription order;
+  not escaped: for people and logs, not for parsing). Without ``dlq_topic`` it
   is committed past and a WARNING names its offset: the event is dropped on purpose.
   The DLQ is at-least-once too: if the partition is revoked between the DLQ write and
   the commit, the new owner redelivers the event and it may be dead-lettered again.
@@ -107,6 +111,14 @@ _SHARED_CONNECTION_OPTIONS = frozenset(
 
 _POLL_TIMEOUT_MS = 1000
 _DEFAULT_MAX_POLL_INTERVAL_MS = 300_000  # aiokafka's default
+
+
+def _reason(outcome: AdvanceOutcome, total: int) -> str:
+    """The ``ackgate.reason`` header: the count, then the subscribers' reasons (SPEC §8)."""
+    summary = f"rejected by {outcome.rejected} of {total} subscribers"
+    # ``reasons`` comes with SPEC §8; an older core's outcome has none.
+    reasons: tuple[str, ...] = getattr(outcome, "reasons", ())
+    return f"{summary}: {'; '.join(reasons)}" if reasons else summary
 
 
 def _import_aiokafka() -> Any:
@@ -510,7 +522,7 @@ class KafkaStreamProducer(SharedStreamProducer):
             ("ackgate.original.topic", record.topic.encode()),
             ("ackgate.original.partition", str(record.partition).encode()),
             ("ackgate.original.offset", str(record.offset).encode()),
-            ("ackgate.reason", f"rejected by {outcome.rejected} of {total} subscribers".encode()),
+            ("ackgate.reason", _reason(outcome, total).encode()),
         ]
         try:
             return await self._dlq.send(
