@@ -15,8 +15,9 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaConsumer
 
-from ackgate import SharedStreamManager, Subscription
+from ackgate import AdvanceItem, AdvanceOutcome, SharedStreamManager, Subscription
 from ackgate_kafka import KafkaStreamProducer
 
 from .kafka_testlib import KafkaTestCluster
@@ -155,3 +156,84 @@ async def test_backpressure_with_one_eight_second_handler_call(
         assert set(counts) == set(range(count)), f"{sid} missed messages"
         assert max(counts.values()) == 1, f"{sid} was handed messages again"
     assert made[0]._keeper is not None and made[0]._keeper.suspensions >= 1
+
+
+async def wait_until(condition: Any, what: str) -> None:
+    """Poll a condition on the producer's state (it offers nothing to await)."""
+    async with asyncio.timeout(30):
+        while not condition():  # noqa: ASYNC110 - the producer's state has no event to await
+            await asyncio.sleep(0.05)
+    assert condition(), what
+
+
+async def test_rebalance_while_suspended_pauses_new_partitions_and_skips_nothing(
+    kafka: KafkaTestCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While the stream waits at a yield, a second member joins then leaves the group:
+    the partitions that come back are paused until the stream resumes, and it then
+    yields every record after the committed offsets exactly once."""
+    caplog.set_level(logging.INFO, logger="ackgate.adapters.kafka")
+    topic, group = kafka.unique("suspend-rebalance"), kafka.unique("g")
+    partitions, count = 2, 40
+    await kafka.create_topic(topic, partitions)
+    await kafka.produce(topic, count, partitions)
+    made: list[KafkaStreamProducer] = []
+    producer = factory(kafka, topic, group, made)()
+    stream = producer.open_stream()
+    try:
+        async with asyncio.timeout(30):
+            first = [await anext(stream) for _ in range(4)]
+        by_lane: dict[Any, list[Any]] = {}
+        for _, delivery in first:
+            by_lane.setdefault(producer.get_advance_lane(delivery), []).append(delivery)
+        acked = AdvanceOutcome(acked=1, failed=0, rejected=0)
+        for lane in by_lane.values():
+            await producer.advance([AdvanceItem(d, acked) for d in lane])
+        keeper = producer._keeper
+        assert keeper is not None
+        await wait_until(lambda: keeper.keeping, "the keeper never took over")
+
+        other = AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=kafka.bootstrap,
+            group_id=group,
+            enable_auto_commit=False,
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=500,
+            max_poll_interval_ms=MAX_POLL_INTERVAL_MS,
+        )
+        await other.start()
+        try:
+            async with asyncio.timeout(30):
+                while not other.assignment():
+                    await other.getmany(timeout_ms=100)
+        finally:
+            await other.stop()  # leaves the group: everything comes back to us
+        await wait_until(
+            lambda: len(consumer_paused(producer)) == partitions,
+            "the partitions assigned back were not paused",
+        )
+        assert keeper.keeping, "the stream was resumed by the rebalance"
+        assert membership_changes(caplog), "no rebalance happened: nothing was tested"
+
+        committed = await kafka.committed(group)
+        expected = {
+            (tp.partition, offset)
+            for tp, end in (await kafka.end_offsets(topic, partitions)).items()
+            for offset in range(committed.get(tp, 0), end)
+        }
+        rest: Counter[tuple[int, int]] = Counter()
+        async with asyncio.timeout(30):
+            while set(rest) != expected:
+                record, _ = await anext(stream)
+                rest[record.partition, record.offset] += 1
+    finally:
+        await stream.aclose()
+        await producer.aclose()
+    assert max(rest.values()) == 1
+    assert len(expected) == count - 4
+
+
+def consumer_paused(producer: KafkaStreamProducer) -> set[Any]:
+    paused: set[Any] = producer._consumer.paused()
+    return paused

@@ -357,13 +357,15 @@ class KafkaStreamProducer(SharedStreamProducer):
                 except aiokafka.errors.KafkaError as exc:
                     log.error("Kafka poll failed group=%s: %r", self._group_id, exc)
                     raise self._translate(exc, "poll failed") from exc
-                for tp, records in fetched.items():
-                    part = self._own(tp)
-                    epoch = part.epoch
+                # Epochs as of the fetch, for every partition in it: a partition revoked
+                # (and maybe assigned back) while we yielded an earlier one is stale too.
+                batches = [(tp, self._own(tp), records) for tp, records in fetched.items()]
+                epochs = [part.epoch for _, part, _ in batches]
+                for (tp, part, records), epoch in zip(batches, epochs, strict=True):
                     for record in records:
                         # A hold or revoke while we were suspended at a yield makes the
-                        # rest of this fetch stale: the seek / the new owner fetches it
-                        # again.
+                        # rest of this fetch stale: the seek / the owner after the
+                        # rebalance fetches it again from the committed offset.
                         if part.epoch != epoch or part.draining:
                             break
                         part.yielded_next = record.offset + 1
