@@ -64,6 +64,13 @@ fetch, as a poll error would. During a rebalance while suspended, the revoke dra
 still waits at most ``rebalance_drain_timeout`` for yielded events, which a paused
 group may not resolve in time: they are then redelivered to the new owner.
 
+**Identity and messages.** :meth:`~KafkaStreamProducer.get_event_id` is
+``(topic, partition, offset)``, so a copy fetched again after a hold is not handed to
+the subscribers that already acked it (SPEC §13): only those that failed it (or
+joined since) see it twice. :meth:`~KafkaStreamProducer.to_message` builds the
+``ackgate.Message`` a ``Service`` handler receives (tombstones, duplicate header
+names and the missing delivery count are described there).
+
 **Errors.** A broker error while starting or polling ends the group: subscribers get
 ``StreamTerminated`` whose ``__cause__`` is a ``ConnectionError`` (cannot reach the
 cluster) or ``RuntimeError`` chained to the aiokafka error. A failed commit or DLQ
