@@ -10,7 +10,9 @@ What each message's ``AdvanceOutcome`` does to the broker:
   (``modify_ack_deadline`` 0): prompt redelivery. A failure wins over a rejection, so
   the subscriber that did not handle the message gets it again.
 * **rejected** (nobody failed) -> with ``dlq_topic``: published there (data, attributes
-  and ordering key, plus ``ackgate-reason`` and ``ackgate-source-subscription``), then
+  and ordering key, plus ``ackgate-source-subscription`` and ``ackgate-reason``:
+  "rejected by R of N subscribers", then each reason given (SPEC §8,
+  ``"<subscriber_id>: <reason>"``) separated by ``"; "``, cut to 1024 bytes), then
   acknowledged. Without ``dlq_topic``: nacked, so the subscription's own dead-letter
   policy moves it to its dead-letter topic after ``max_delivery_attempts`` (until then
   it is redelivered and rejected again; with no such policy it comes back forever).
@@ -94,6 +96,7 @@ SOURCE_ATTRIBUTE = "ackgate-source-subscription"
 # An ack/modack request is capped at 512 KiB and an ack id runs to a few hundred bytes.
 _ACK_IDS_PER_CALL = 1000
 _EOD_ATTEMPTS = 3
+_ATTRIBUTE_LIMIT = 1024  # bytes in one attribute value
 # Pull responses may exceed gRPC's 4 MiB default; the SDK lifts the limit the same way.
 _NO_SIZE_LIMIT = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 
@@ -429,9 +432,10 @@ class PubSubStreamProducer(SharedStreamProducer):
         for received, outcome in dead:
             original = received.message
             attributes = dict(original.attributes)
-            attributes[REASON_ATTRIBUTE] = (
-                f"rejected by {outcome.rejected} of "
-                f"{outcome.acked + outcome.rejected + outcome.failed} subscribers"
+            reasons: tuple[str, ...] = getattr(outcome, "reasons", ())
+            total = outcome.acked + outcome.rejected + outcome.failed
+            attributes[REASON_ATTRIBUTE] = _capped(
+                "; ".join((f"rejected by {outcome.rejected} of {total} subscribers", *reasons))
             )
             attributes[SOURCE_ATTRIBUTE] = self._subscription
             copy = PubsubMessage(
@@ -502,6 +506,14 @@ class PubSubStreamProducer(SharedStreamProducer):
                 self._subscription,
                 reason,
             )
+
+
+def _capped(text: str) -> str:
+    """``text`` within Pub/Sub's 1024-byte limit on an attribute value."""
+    data = text.encode()
+    if len(data) <= _ATTRIBUTE_LIMIT:
+        return text
+    return data[: _ATTRIBUTE_LIMIT - 3].decode(errors="ignore") + "..."
 
 
 def _check_name(argument: str, name: str, kind: str) -> None:

@@ -6,8 +6,10 @@ What each :class:`~ackgate.AdvanceOutcome` does to a message:
 
 * clean (acked by every subscriber) -> ``complete_message``: removed from the entity.
 * rejected by at least one subscriber and failed by none -> ``dead_letter_message``
-  with reason ``"ackgate-rejected"`` and a description counting the rejections: moved
-  to the entity's dead-letter sub-queue.
+  with reason ``"ackgate-rejected"`` and as ``error_description`` "rejected by R of N
+  ackgate subscribers", then each reason given (SPEC §8, ``"<subscriber_id>:
+  <reason>"``) separated by ``"; "``, at most 4096 characters: moved to the entity's
+  dead-letter sub-queue.
 * failed by at least one subscriber, or broadcast to nobody -> ``abandon_message``:
   the broker redelivers it at once with ``delivery_count`` + 1 (the entity's
   MaxDeliveryCount eventually dead-letters a message that keeps failing).
@@ -76,6 +78,9 @@ _log = logging.getLogger("ackgate.adapters.servicebus")
 
 DEAD_LETTER_REASON: Final = "ackgate-rejected"
 """The ``reason`` given to ``dead_letter_message`` for a rejected event."""
+
+_DESCRIPTION_LIMIT: Final = 4096
+"""Characters of the ``error_description`` given to ``dead_letter_message``."""
 
 _CLOSE_TIMEOUT: Final = 10.0
 """Seconds :meth:`ServiceBusStreamProducer.aclose` spends abandoning unadvanced messages."""
@@ -472,7 +477,12 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                 action, settlement = "complete", receiver.complete_message(message)
             elif outcome.rejected and not outcome.failed:
                 total = outcome.acked + outcome.rejected
-                why = f"rejected by {outcome.rejected} of {total} ackgate subscribers"
+                reasons: tuple[str, ...] = getattr(outcome, "reasons", ())
+                why = "; ".join(
+                    (f"rejected by {outcome.rejected} of {total} ackgate subscribers", *reasons)
+                )
+                if len(why) > _DESCRIPTION_LIMIT:
+                    why = why[: _DESCRIPTION_LIMIT - 3] + "..."
                 action = "dead-letter"
                 settlement = receiver.dead_letter_message(
                     message, reason=DEAD_LETTER_REASON, error_description=why

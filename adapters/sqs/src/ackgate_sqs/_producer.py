@@ -10,7 +10,9 @@ What each outcome does to the broker (:meth:`SqsStreamProducer.advance`):
 * any subscriber failed, or nobody was subscribed → visibility 0, so SQS
   redelivers it at once;
 * rejected (and nobody failed) → with ``dlq_queue_url``: sent to that queue
-  (original body and message attributes plus ``ackgate.reason``), then deleted;
+  (original body and message attributes plus ``ackgate.reason``: "rejected by R of N
+  subscribers", then each reason given (SPEC §8, ``"<subscriber_id>: <reason>"``),
+  separated by ``"; "``, at most 4096 characters), then deleted;
   without it: visibility 0, and the queue's own redrive policy moves it to its
   dead-letter queue once ``maxReceiveCount`` receives are used up. A queue with
   no redrive policy and no ``dlq_queue_url`` redelivers a rejected message forever.
@@ -81,6 +83,7 @@ REASON_ATTRIBUTE = "ackgate.reason"
 """Message attribute naming why a message was dead-lettered through ``dlq_queue_url``."""
 
 _BATCH_LIMIT = 10  # SQS takes at most ten entries per batch call
+_REASON_LIMIT = 4096  # characters of ackgate.reason
 _ATTEMPTS = 3
 _RETRY_DELAY = 0.2
 # Entry codes meaning the receipt handle no longer names an in-flight message:
@@ -125,6 +128,13 @@ def _attribute_bytes(value: dict[str, Any]) -> bytes:
     if str(value.get("DataType", "")).startswith("Binary"):
         return bytes(value.get("BinaryValue", b""))
     return str(value.get("StringValue", "")).encode()
+
+
+def _with_reasons(summary: str, outcome: AdvanceOutcome) -> str:
+    """``summary``, then the rejecting subscribers' reasons (SPEC §8), capped in length."""
+    reasons: tuple[str, ...] = getattr(outcome, "reasons", ())
+    text = "; ".join((summary, *reasons))
+    return text if len(text) <= _REASON_LIMIT else text[: _REASON_LIMIT - 3] + "..."
 
 
 def _ids(failures: Sequence[tuple[_Receipt, str]]) -> str:
@@ -447,7 +457,9 @@ class SqsStreamProducer(SharedStreamProducer):
         dlq_url = self._dlq_url
         assert dlq_url is not None  # advance() dead-letters only with a DLQ
         reasons = {
-            id(receipt): f"rejected by {o.rejected} of {o.acked + o.rejected} subscribers"
+            id(receipt): _with_reasons(
+                f"rejected by {o.rejected} of {o.acked + o.rejected} subscribers", o
+            )
             for receipt, o in dead
         }
         receipts = [receipt for receipt, _ in dead]
