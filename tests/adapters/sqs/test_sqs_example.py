@@ -31,7 +31,9 @@ async def test_the_sqs_example_service_handles_everything_and_stops_cleanly(
         async with asyncio.timeout(60):
             while sum(int(line.split()[1]) for line in lines if line.startswith("counted")) < 5:
                 lines.append((await process.stdout.readline()).decode().strip())
-            while await sqs.depth(url) != 0:  # every message deleted: all three were done
+            while True:  # until every message is deleted: all three handlers were done
+                if await sqs.depth(url) == 0:
+                    break
                 await asyncio.sleep(0.2)
     finally:
         process.send_signal(signal.SIGTERM)
