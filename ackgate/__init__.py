@@ -4,7 +4,8 @@ broker only after every handler is done with it.
 The public names live here; the modules behind them are private. Topology:
 :class:`SharedStreamProducer` (the broker side) feeds a group's fan-out log, each
 :class:`Subscription` reads it through its own cursor, and a lane tracker hands
-resolved events back to the producer in order.
+resolved events back to the producer in order. :class:`Service` runs decorated
+handlers over one shared stream and keeps it up.
 """
 
 from ackgate._errors import (
@@ -14,9 +15,13 @@ from ackgate._errors import (
     StreamTerminated,
     SubscriberOverflow,
 )
+from ackgate._handlers import HandlerStats
 from ackgate._manager import SharedStreamManager
+from ackgate._message import Message, Reject
 from ackgate._outcome import AdvanceItem, AdvanceOutcome
 from ackgate._producer import SharedStreamProducer
+from ackgate._retry import Retry
+from ackgate._service import Service, ServiceStats
 from ackgate._stats import GroupStats
 from ackgate._subscription import Subscription, reject_shared_stream_event
 from ackgate._version import __version__ as __version__
@@ -28,6 +33,12 @@ __all__ = [
     "AdvanceItem",
     "AdvanceOutcome",
     "GroupStats",
+    "HandlerStats",
+    "Message",
+    "Reject",
+    "Retry",
+    "Service",
+    "ServiceStats",
     "SharedStreamManager",
     "SharedStreamProducer",
     "StreamTerminated",

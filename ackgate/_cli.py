@@ -1,5 +1,6 @@
 """The ``ackgate`` command: ``ackgate demo`` runs the whole pipeline on the embedded broker,
-``ackgate adapters`` lists the installed broker adapters, ``ackgate --version``.
+``ackgate run MODULE:ATTR`` runs services (:mod:`ackgate._run`), ``ackgate adapters``
+lists the installed broker adapters, ``ackgate --version``.
 
 For the demo this module is the command line around the run in :mod:`ackgate._demo`:
 it parses and checks the options, shows progress bars while the run goes and prints
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ackgate._demo import HANDLERS, Demo
+from ackgate._run import add_parser as add_run_parser
+from ackgate._run import run_command
 from ackgate._version import __version__
 
 ADAPTER_GROUP = "ackgate.adapters"
@@ -127,6 +130,7 @@ def _parser() -> _Parser:
         metavar="PATH",
         help="SQLite file for the indexer (default: a temporary one)",
     )
+    add_run_parser(commands)
     return parser
 
 
@@ -138,6 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in _adapter_lines():
             print(line)
         return 0
+    if opts.command == "run":
+        return run_command(opts)
     if opts.crash_at is not None:
         if "notifier" not in opts.handlers:
             parser.error("--crash-at needs the notifier among --handlers")

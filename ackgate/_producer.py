@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Hashable, Sequence
 from typing import Any
 
+from ackgate._message import Message
 from ackgate._outcome import AdvanceItem
 
 
@@ -27,6 +28,9 @@ class SharedStreamProducer(ABC):
       nothing later is advanced on any lane, and the broker redelivers.
     * **Close once.** :meth:`aclose` is awaited exactly once, after the last
       :meth:`advance`, however the group ended.
+
+    :meth:`to_message` is optional: a :class:`~ackgate.Service` calls it to turn each
+    event into the :class:`~ackgate.Message` its handlers receive.
     """
 
     @abstractmethod
@@ -83,6 +87,31 @@ class SharedStreamProducer(ABC):
         with equal ids really carry the same event.
         """
         return None
+
+    def to_message(self, raw_event: Any, broker_payload: Any) -> Message:
+        """Convert one yielded event into the :class:`~ackgate.Message` handlers receive.
+
+        Called by a :class:`~ackgate.Service` once per event (not once per handler),
+        synchronously, in the poll, before fan-out: keep it cheap. Raising ends the
+        group (``StreamTerminated`` with the error as ``__cause__``); the service
+        restarts it after a backoff, and the broker redelivers.
+
+        The default accepts ``bytes`` raw events only: ``Message(body=raw_event,
+        id=repr(broker_payload), lane=self.get_advance_lane(broker_payload),
+        raw=raw_event)``, no key, no headers, no delivery count. Anything else is a
+        ``TypeError`` naming the producer class. Adapters override it.
+        """
+        if not isinstance(raw_event, bytes):
+            raise TypeError(
+                f"{type(self).__name__} yields {type(raw_event).__name__} raw events; the "
+                "default to_message() takes bytes only: override to_message() to convert them"
+            )
+        return Message(
+            body=raw_event,
+            id=repr(broker_payload),
+            lane=self.get_advance_lane(broker_payload),
+            raw=raw_event,
+        )
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, empty by design
         """Release the broker connection. Best-effort.

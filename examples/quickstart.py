@@ -1,16 +1,16 @@
-"""ackgate quickstart: read a topic once, hand every event to two handlers, and commit
-an event only when both are done with it.
+"""ackgate quickstart: read a topic once, hand every message to two handlers, and commit
+a message only when both are done with it.
 
 Runs as is on the in-process broker: ``python examples/quickstart.py``. In a real
-service, swap ``MemoryStreamProducer`` for the producer of your broker's adapter.
+service, swap ``MemoryStreamProducer`` for the producer of your broker's adapter and
+run the service with ``ackgate run quickstart:service`` (it stops on SIGTERM).
 """
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from ackgate import SharedStreamManager
+from ackgate import Message, Reject, Retry, Service
 from ackgate.adapters.memory import MemoryBroker, MemoryStreamProducer
 
 broker = MemoryBroker()
@@ -24,49 +24,34 @@ orders = [
 for customer, body in orders:
     broker.publish("orders", body, key=customer)  # one customer, one partition, in order
 
+service = Service("orders", producer=lambda: MemoryStreamProducer(broker, "orders", "quickstart"))
 database: list[dict[str, Any]] = []
 
 
-async def save(order: dict[str, Any]) -> None:
-    database.append(order)  # your durable write goes here
+@service.handler("indexer", concurrency=8, retry=Retry(attempts=3))  # in order per partition
+async def index(message: Message) -> None:
+    try:
+        order = json.loads(message.body)
+    except ValueError:
+        return  # nothing to store; returning acks the message
+    database.append(order)  # your durable write goes here; raising retries it
 
 
-async def index(events: AsyncIterator[bytes]) -> AsyncIterator[dict[str, Any]]:
-    """Yield what to store; ackgate binds it to the event, awaits save(), then confirms."""
-    async for raw in events:
-        try:
-            yield json.loads(raw)
-        except ValueError:
-            continue  # nothing to store; moving on acks the event
-
-
-async def audit(manager: SharedStreamManager, producer: Callable[[], MemoryStreamProducer]) -> None:
-    """The lower-level API: iterate a subscription yourself."""
-    async with manager.subscribe("orders", "auditor", producer=producer) as events:
-        async for raw in events:
-            try:
-                json.loads(raw)
-            except ValueError:
-                events.reject()  # the broker dead-letters it (orders.dlq)
+@service.handler("auditor")
+async def audit(message: Message) -> None:
+    try:
+        json.loads(message.body)
+    except ValueError:
+        raise Reject("not JSON") from None  # the broker dead-letters it (orders.dlq)
 
 
 async def main() -> None:
-    def producer() -> MemoryStreamProducer:
-        return MemoryStreamProducer(broker, "orders", "quickstart")
-
-    async with SharedStreamManager() as manager:
-        handlers = [
-            asyncio.create_task(
-                manager.run_subscriber("orders", "indexer", index, producer=producer, sink=save)
-            ),
-            asyncio.create_task(audit(manager, producer)),
-        ]
-        # A service runs until it is stopped; this one stops once every event is
-        # committed (or dead-lettered).
-        await broker.wait_drained("orders", "quickstart")
-        for handler in handlers:
-            handler.cancel()
-        await asyncio.gather(*handlers, return_exceptions=True)
+    running = asyncio.create_task(service.run())
+    # A service runs until it is stopped; this one stops once every message is
+    # committed (or dead-lettered).
+    await broker.wait_drained("orders", "quickstart")
+    await service.stop()
+    await running
 
     print("stored:", database)
     print("dead-lettered:", [record.value for record in broker.records("orders.dlq")])

@@ -57,6 +57,7 @@ from collections.abc import AsyncIterator, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ackgate._message import Message
 from ackgate._outcome import AdvanceItem, AdvanceOutcome
 from ackgate._producer import SharedStreamProducer
 
@@ -334,6 +335,29 @@ class MemoryStreamProducer(SharedStreamProducer):
         """The record's partition number."""
         position: Position = broker_payload
         return position.partition
+
+    def to_message(self, raw_event: Any, broker_payload: Any) -> Message:
+        """The record as a :class:`~ackgate.Message`: its value as ``body``, its key,
+        id ``"<topic>/<partition>/<offset>"``, lane = partition, ``raw`` = the
+        :class:`Record`. Memory records have no headers and no delivery count
+        (``attempt`` is ``None``). A :class:`~ackgate.Service` needs ``bytes``
+        values: any other value is a ``TypeError``.
+        """
+        position: Position = broker_payload
+        if not isinstance(raw_event, bytes):
+            raise TypeError(
+                f"record {position.topic}/{position.partition}/{position.offset} holds a "
+                f"{type(raw_event).__name__}; a Service reads bytes: publish bytes values "
+                "(json.dumps(value).encode(), for instance)"
+            )
+        record = self._broker._log(position.topic)[position.partition][position.offset]
+        return Message(
+            body=raw_event,
+            id=f"{position.topic}/{position.partition}/{position.offset}",
+            key=record.key,
+            lane=position.partition,
+            raw=record,
+        )
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """Commit, dead-letter or hold each event of ``batch`` in order (see the module docstring).

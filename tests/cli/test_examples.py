@@ -1,4 +1,4 @@
-"""Both examples run as they are, as subprocesses."""
+"""The examples run as they are, as subprocesses."""
 
 from __future__ import annotations
 
@@ -20,6 +20,14 @@ def run_example(name: str, cwd: Path) -> str:
 
 def test_quickstart(tmp_path: Path) -> None:
     out = run_example("quickstart.py", tmp_path)
+    assert "dead-lettered: [b'{\"sku\": \"C3\", \"q']" in out
+    assert "committed offsets: {0: 1, 1: 3}" in out
+    stored = next(line for line in out.splitlines() if line.startswith("stored:"))
+    assert stored.count("'sku'") == 3
+
+
+def test_low_level(tmp_path: Path) -> None:
+    out = run_example("low_level.py", tmp_path)
     assert "dead-lettered: [b'{\"sku\": \"C3\", \"q']" in out
     assert "committed offsets: {0: 1, 1: 3}" in out
     stored = next(line for line in out.splitlines() if line.startswith("stored:"))

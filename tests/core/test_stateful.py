@@ -28,7 +28,8 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,12 +118,14 @@ class CheckingProducer(ScriptedProducer):
     async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
         async for item in super().open_stream():
             assert self.generation is not None
-            self.machine.pulled(self.generation)  # the poll broadcasts it right after
+            with self.machine.recording():
+                self.machine.pulled(self.generation)  # the poll broadcasts it right after
             yield item
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         assert self.generation is not None
-        self.machine.advance_started(self.generation, batch)
+        with self.machine.recording():
+            self.machine.advance_started(self.generation, batch)
         ok = False
         try:
             await super().advance(batch)
@@ -150,8 +153,18 @@ class GroupMachine(RuleBasedStateMachine):
         self.gate = asyncio.Event()
         self.gate.set()
         self.manager: SharedStreamManager | None = None
+        #: Checks that failed inside the producer, where raising would only end the group.
+        self.violations: list[AssertionError] = []
 
     # -- plumbing ------------------------------------------------------------------
+
+    @contextmanager
+    def recording(self) -> Iterator[None]:
+        try:
+            yield
+        except AssertionError as violation:
+            self.violations.append(violation)
+            raise
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(asyncio.wait_for(coro, 5))
@@ -603,6 +616,10 @@ class GroupMachine(RuleBasedStateMachine):
         else:
             self.gate.clear()
         self.settle()
+
+    @invariant()
+    def the_producer_saw_no_violation(self) -> None:
+        assert not self.violations, self.violations
 
     @invariant()
     def stats_agree_with_the_model(self) -> None:

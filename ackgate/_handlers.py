@@ -1,0 +1,160 @@
+"""A :class:`~ackgate.Service` handler's declaration and its counters.
+
+``@service.handler(...)`` checks its options here, once, and keeps them in a
+:class:`HandlerSpec`; the running handler counts what happened in
+:class:`HandlerCounters`, and ``service.stats()`` reports :class:`HandlerStats`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ackgate._retry import Retry
+
+Ordering = Literal["lane", "key", "none"]
+ORDERINGS: tuple[Ordering, ...] = ("lane", "key", "none")
+
+#: A handler: ``async def h(message) -> None`` or, batched, ``async def h(messages)``
+#: returning ``None`` or ``{message.id: Reject(...)}``.
+HandlerFunction = Callable[[Any], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerSpec:
+    """One declared handler: its id (a roster member) and how it is called."""
+
+    id: str
+    function: HandlerFunction
+    #: Calls in progress at once (batch calls, for a batch handler).
+    concurrency: int
+    ordering: Ordering
+    retry: Retry
+    #: > 1: a batch handler, called with up to this many messages.
+    batch_size: int
+    #: Batch handlers: seconds after the first message of a batch it is called at the latest.
+    batch_wait: float
+
+    @property
+    def batched(self) -> bool:
+        return self.batch_size > 1
+
+
+def check_spec(
+    handler_id: object,
+    function: object,
+    *,
+    concurrency: object,
+    ordering: object,
+    retry: object,
+    batch_size: object,
+    batch_wait: object,
+) -> HandlerSpec:
+    """Validate ``@service.handler`` arguments: ``ValueError``/``TypeError`` naming each."""
+    if not isinstance(handler_id, str) or not handler_id:
+        raise ValueError(f"a handler id is a non-empty str, got {handler_id!r}")
+    if not _is_async_function(function):
+        raise TypeError(
+            f"handler {handler_id!r} must be an async def function (a coroutine function), "
+            f"got {function!r}"
+        )
+    concurrency = _positive_int(f"handler {handler_id!r}: concurrency", concurrency)
+    if ordering not in ORDERINGS:
+        raise ValueError(
+            f'handler {handler_id!r}: ordering must be "lane", "key" or "none", got {ordering!r}'
+        )
+    if not isinstance(retry, Retry):
+        raise TypeError(f"handler {handler_id!r}: retry must be a Retry, got {retry!r}")
+    batch_size = _positive_int(f"handler {handler_id!r}: batch_size", batch_size)
+    if (
+        isinstance(batch_wait, bool)
+        or not isinstance(batch_wait, int | float)
+        or not math.isfinite(batch_wait)
+        or batch_wait < 0
+    ):
+        raise ValueError(
+            f"handler {handler_id!r}: batch_wait must be a finite number of seconds >= 0, "
+            f"got {batch_wait!r}"
+        )
+    if batch_size == 1 and batch_wait:
+        raise ValueError(
+            f"handler {handler_id!r}: batch_wait applies to batch handlers only (batch_size > 1)"
+        )
+    if batch_size > 1 and concurrency > 1 and ordering != "none":
+        raise ValueError(
+            f"handler {handler_id!r}: concurrent batches (concurrency={concurrency}) are not "
+            f'kept in stream order: pass ordering="none", or concurrency=1'
+        )
+    assert callable(function)
+    return HandlerSpec(
+        id=handler_id,
+        function=function,
+        concurrency=concurrency,
+        ordering=ordering,
+        retry=retry,
+        batch_size=batch_size,
+        batch_wait=float(batch_wait),
+    )
+
+
+def _is_async_function(function: object) -> bool:
+    """An ``async def`` function or method (``functools.partial`` of one included), or
+    an object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
+        type(function).__call__
+    )
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerStats:
+    """What one handler of a service has done since ``run()`` started (messages, not calls).
+
+    Messages abandoned by a stop, a restart or an ack timeout (left to redelivery)
+    count in none of ``handled``, ``rejected`` and ``failed``.
+    """
+
+    id: str
+    #: Acked: the call returned (for a batch handler, not rejected by its result).
+    handled: int
+    #: Rejected: ``Reject`` raised, or returned for it by a batch handler.
+    rejected: int
+    #: Failed after every attempt: the broker redelivers them.
+    failed: int
+    #: Retries made (a call of 3 attempts on a batch of 10 counts 20).
+    retried: int
+    #: Messages in a handler call right now (retry backoffs included).
+    in_progress: int
+
+
+class HandlerCounters:
+    """The live counters behind :class:`HandlerStats`. Invariant: every field >= 0."""
+
+    __slots__ = ("failed", "handled", "in_progress", "rejected", "retried")
+
+    def __init__(self) -> None:
+        self.handled = 0
+        self.rejected = 0
+        self.failed = 0
+        self.retried = 0
+        self.in_progress = 0
+
+    def snapshot(self, handler_id: str) -> HandlerStats:
+        return HandlerStats(
+            id=handler_id,
+            handled=self.handled,
+            rejected=self.rejected,
+            failed=self.failed,
+            retried=self.retried,
+            in_progress=self.in_progress,
+        )

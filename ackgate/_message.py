@@ -1,0 +1,58 @@
+"""What a :class:`~ackgate.Service` handler receives, and how it refuses it."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+_NO_HEADERS: Mapping[str, bytes] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Message:
+    """One broker message, converted once per event by the producer's ``to_message``.
+
+    The same object is handed to every handler of a service: treat it (and its
+    ``headers``) as read-only. Its ``repr`` names the message but never shows the
+    body, so it is safe in logs.
+    """
+
+    #: The payload, as the broker stored it.
+    body: bytes
+    #: The broker's id: Kafka ``topic/partition/offset``, SQS ``MessageId``, Pub/Sub
+    #: ``message_id``, Service Bus ``message_id``, memory ``topic/partition/offset``.
+    id: str
+    #: The broker's message key (Kafka key, SQS FIFO group, Pub/Sub ordering key,
+    #: Service Bus session), if any.
+    key: bytes | None = None
+    headers: Mapping[str, bytes] = field(default_factory=lambda: _NO_HEADERS)
+    #: ``producer.get_advance_lane(payload)``: the unit of ``ordering="lane"``.
+    lane: Hashable = None
+    #: How many times the broker has delivered it, where the broker counts that.
+    attempt: int | None = None
+    #: The adapter's native object (a Kafka record, an SQS message dict, ...).
+    raw: Any = None
+
+    def __repr__(self) -> str:
+        return (
+            f"Message(id={self.id!r}, lane={self.lane!r}, attempt={self.attempt!r}, "
+            f"body=<{len(self.body)} bytes>)"
+        )
+
+
+class Reject(Exception):
+    """Raise it from a handler to reject the message: it is dead-lettered, never retried.
+
+    ``reason`` (a ``str`` or ``None``) reaches the producer in
+    ``AdvanceOutcome.reasons`` and from there the dead-letter record. A batch
+    handler may also *return* ``{message.id: Reject(reason), ...}`` to reject some
+    messages of its batch and ack the rest.
+    """
+
+    def __init__(self, reason: str | None = None) -> None:
+        if reason is not None and not isinstance(reason, str):
+            raise TypeError(f"Reject(reason) takes a str or None, got {type(reason).__name__}")
+        super().__init__(reason)
+        self.reason = reason

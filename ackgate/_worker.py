@@ -1,0 +1,154 @@
+"""One handler of a :class:`~ackgate.Service`: its subscription to the group, and the
+feed that pulls messages, binds their tickets and hands them to its :class:`Calls`.
+
+A session lasts one group life. Within it the handler is subscribed again at once
+when the core force-fails it (ack timeout: its calls in progress are cancelled, the
+events it owed are failed and redelivered); the session ends when the group does
+(its ``StreamTerminated`` is returned to the service, which restarts the group), or
+when the service stops it (graceful: calls in progress get until the deadline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from ackgate._calls import UNORDERED, Calls, Job
+from ackgate._errors import AckTimeout, StreamTerminated, SubscriberOverflow
+from ackgate._handlers import HandlerCounters, HandlerSpec
+from ackgate._message import Message
+from ackgate._producer import SharedStreamProducer
+from ackgate._subscription import Subscription
+
+if TYPE_CHECKING:
+    from ackgate._manager import SharedStreamManager
+
+logger = logging.getLogger("ackgate.service")
+
+
+def _ordering_key(spec: HandlerSpec) -> Callable[[Message], Hashable]:
+    if spec.batched or spec.ordering == "none":
+        return lambda message: UNORDERED
+    if spec.ordering == "lane":
+        return lambda message: message.lane
+    # "key": messages without a key are not ordered among themselves.
+    return lambda message: UNORDERED if message.key is None else message.key
+
+
+class HandlerWorker:
+    """Runs one handler's sessions. Caller: the service, one session at a time."""
+
+    def __init__(
+        self,
+        spec: HandlerSpec,
+        *,
+        key: Hashable,
+        manager: SharedStreamManager,
+        factory: Callable[[], SharedStreamProducer],
+        roster: tuple[str, ...],
+        counters: HandlerCounters,
+    ) -> None:
+        self.spec = spec
+        self._key = key
+        self._manager = manager
+        self._factory = factory
+        self._roster = roster
+        self._counters = counters
+        self._order_by = _ordering_key(spec)
+        #: Loop time by which a graceful stop ends the calls; ``None`` until stopped.
+        self._stop_at: float | None = None
+        #: The running feed and its calls. Invariant: set only while a session awaits it.
+        self._feed: asyncio.Task[NoReturn] | None = None
+        self._calls: Calls | None = None
+
+    def stop(self, deadline: float) -> None:
+        """Graceful stop: from now on nothing new is handed to the handler (jobs not
+        started fail at once); calls in progress get until ``deadline`` (loop time)."""
+        self._stop_at = deadline
+        if self._calls is not None:
+            self._calls.close()
+        if self._feed is not None:
+            self._feed.cancel()
+
+    async def session(self) -> StreamTerminated | None:
+        """Serve until the group ends (return its error) or :meth:`stop` (return None).
+
+        Leaves the subscription on every exit, its tickets all resolved. Cancellation:
+        calls in progress are cancelled (their events fail), the subscription is left,
+        and the cancellation propagates.
+        """
+        loop = asyncio.get_running_loop()
+        while self._stop_at is None:
+            subscription = self._manager.subscribe(
+                self._key, self.spec.id, producer=self._factory, roster=self._roster
+            )
+            calls = self._calls = Calls(self.spec, self._manager, self._counters)
+            pull = self._pull_batches if self.spec.batched else self._pull_each
+            feed = self._feed = loop.create_task(pull(subscription, calls))
+            try:
+                try:
+                    await feed
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if self._stop_at is None or (task is not None and task.cancelling()):
+                        raise
+                    await calls.finish(self._stop_at)
+                    return None
+                except (AckTimeout, SubscriberOverflow) as error:
+                    logger.warning(
+                        "handler %r was force-failed (%s); its calls in progress are "
+                        "cancelled and what it owed is redelivered; subscribing again",
+                        self.spec.id,
+                        type(error).__name__,
+                    )
+                except StreamTerminated as error:
+                    return error
+            finally:
+                self._feed = self._calls = None
+                await calls.abort()
+                await subscription.aclose()
+        return None
+
+    async def _pull_each(self, subscription: Subscription, calls: Calls) -> NoReturn:
+        """Per-message handlers: one job per message, ordered by the handler's ordering."""
+        order_by = self._order_by
+        async for message in subscription:
+            seq = _ticket(subscription)
+            calls.submit(Job(message, (message,), (seq,), order_by(message)))
+            if calls.held >= calls.capacity:
+                await calls.wait_room()
+        raise AssertionError("a subscription ends only once left")
+
+    async def _pull_batches(self, subscription: Subscription, calls: Calls) -> NoReturn:
+        """Batch handlers: up to ``batch_size`` messages, ``batch_wait`` after the first."""
+        size = self.spec.batch_size
+        wait = self.spec.batch_wait
+        loop = asyncio.get_running_loop()
+        while True:
+            if calls.held >= calls.capacity:
+                await calls.wait_room()
+            first = await anext(subscription)
+            messages: list[Any] = [first]
+            seqs = [_ticket(subscription)]
+            try:
+                deadline = loop.time() + wait
+                while len(messages) < size:
+                    try:
+                        async with asyncio.timeout_at(deadline):
+                            message = await anext(subscription)
+                    except TimeoutError:
+                        break
+                    messages.append(message)
+                    seqs.append(_ticket(subscription))
+            except BaseException:
+                self._manager.fail_bound(seqs)  # never handed to the handler
+                raise
+            calls.submit(Job(messages, messages, seqs, UNORDERED))
+
+
+def _ticket(subscription: Subscription) -> int:
+    seq = subscription.bind()
+    assert seq is not None, "a pulled event of an ack-mode subscription binds"
+    return seq

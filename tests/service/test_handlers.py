@@ -1,0 +1,194 @@
+"""SPEC §12 per-message handlers: returning acks, Reject rejects (with its reason, never
+retried), other exceptions are retried then fail; failures are logged without bodies."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from ackgate import AdvanceOutcome, Message, Reject, Retry, Service, reject_shared_stream_event
+from ackgate.adapters.memory import MemoryBroker, MemoryStreamProducer
+from ackgate.testing import ScriptedProducer
+
+
+def outcomes(producer: ScriptedProducer) -> dict[Any, AdvanceOutcome]:
+    return {item.broker_payload: item.outcome for batch in producer.batches for item in batch}
+
+
+async def test_returning_acks_and_the_event_is_advanced_clean(running: Any) -> None:
+    scripted = ScriptedProducer()
+    for n in range(3):
+        scripted.feed(b"body %d" % n, n)
+    service = Service("k", producer=lambda: scripted)
+    bodies: list[bytes] = []
+
+    @service.handler("a")
+    async def a(message: Message) -> None:
+        bodies.append(message.body)
+
+    @service.handler("b", concurrency=3, ordering="none")
+    async def b(message: Message) -> None:
+        pass
+
+    async with running(service):
+        await scripted.wait_advanced(3)
+    assert bodies == [b"body 0", b"body 1", b"body 2"]
+    assert all(
+        o == AdvanceOutcome(acked=2, failed=0, rejected=0) for o in outcomes(scripted).values()
+    )
+    assert scripted.closed == 1
+
+
+async def test_a_retried_handler_succeeds_on_attempt_3(running: Any) -> None:
+    scripted = ScriptedProducer()
+    scripted.feed(b"flaky", "p0")
+    service = Service("k", producer=lambda: scripted)
+    calls = 0
+
+    @service.handler("h", retry=Retry(attempts=3, backoff=0.0, max_backoff=0.0))
+    async def handle(message: Message) -> None:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise ConnectionError("database unavailable")
+
+    @service.handler("other")
+    async def other(message: Message) -> None:
+        pass
+
+    async with running(service):
+        await scripted.wait_advanced(1)
+        stats = service.stats().handlers["h"]
+    assert calls == 3
+    assert outcomes(scripted)["p0"].is_clean
+    assert (stats.handled, stats.retried, stats.failed, stats.rejected) == (1, 2, 0, 0)
+
+
+async def test_exhausted_retries_fail_the_event_and_log_without_the_body(
+    running: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    scripted = ScriptedProducer()
+    scripted.feed(b"secret body", "p0")
+    scripted.feed(b"fine", "p1")
+    service = Service("k", producer=lambda: scripted)
+
+    @service.handler("h", retry=Retry(attempts=2, backoff=0.0, max_backoff=0.0))
+    async def handle(message: Message) -> None:
+        if message.body.startswith(b"secret"):
+            raise RuntimeError("boom")
+
+    with caplog.at_level(logging.WARNING, logger="ackgate.service"):
+        async with running(service):
+            await scripted.wait_advanced(2)
+            stats = service.stats().handlers["h"]
+    assert outcomes(scripted)["p0"] == AdvanceOutcome(acked=0, failed=1, rejected=0)
+    assert outcomes(scripted)["p1"].is_clean
+    assert (stats.handled, stats.failed, stats.retried) == (1, 1, 1)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2  # the retry, then the failure
+    for record in warnings:
+        text = record.getMessage()
+        assert "'h'" in text and "id='p0'" in text and "boom" in text
+    assert "secret" not in caplog.text
+
+
+async def test_reject_is_never_retried_and_its_reason_reaches_the_outcome(running: Any) -> None:
+    scripted = ScriptedProducer()
+    scripted.feed(b"torn", "p0")
+    service = Service("k", producer=lambda: scripted)
+    calls = 0
+
+    @service.handler("auditor", retry=Retry(attempts=5, backoff=0.0, max_backoff=0.0))
+    async def audit(message: Message) -> None:
+        nonlocal calls
+        calls += 1
+        raise Reject("not JSON")
+
+    @service.handler("indexer")
+    async def index(message: Message) -> None:
+        pass
+
+    async with running(service):
+        await scripted.wait_advanced(1)
+        stats = service.stats().handlers["auditor"]
+    assert calls == 1
+    outcome = outcomes(scripted)["p0"]
+    assert (outcome.acked, outcome.rejected, outcome.failed) == (1, 1, 0)
+    assert outcome.reasons == ("auditor: not JSON",)
+    assert (stats.rejected, stats.retried) == (1, 0)
+
+
+async def test_a_rejected_message_reaches_the_dead_letter_record_with_its_reason(
+    broker: MemoryBroker,
+    memory_producer: Callable[[], MemoryStreamProducer],
+    publish: Callable[..., list[Any]],
+    running: Any,
+) -> None:
+    positions = publish(10)
+    service = Service("orders", producer=memory_producer)
+
+    @service.handler("auditor")
+    async def audit(message: Message) -> None:
+        if message.body == b"m3":
+            raise Reject("torn order")
+
+    @service.handler("indexer", concurrency=4)
+    async def index(message: Message) -> None:
+        pass
+
+    async with running(service):
+        await broker.wait_drained("orders", "svc")
+    (dead,) = broker.records("orders.dlq")
+    assert dead.value == b"m3" and dead.origin == positions[3]
+    assert dead.reason is not None and "auditor: torn order" in dead.reason
+
+
+async def test_handlers_run_while_others_are_slow(running: Any) -> None:
+    """A handler's calls do not wait for another handler's."""
+    scripted = ScriptedProducer()
+    for n in range(5):
+        scripted.feed(b"%d" % n, n)
+    service = Service("k", producer=lambda: scripted)
+    release = asyncio.Event()
+    fast_done = asyncio.Event()
+    fast: list[bytes] = []
+
+    @service.handler("slow")
+    async def slow(message: Message) -> None:
+        await release.wait()
+
+    @service.handler("fast")
+    async def quick(message: Message) -> None:
+        fast.append(message.body)
+        if len(fast) == 5:
+            fast_done.set()
+
+    async with running(service):
+        await fast_done.wait()
+        assert scripted.batches == []  # nothing advanced while "slow" is on the first
+        release.set()
+        await scripted.wait_advanced(5)
+
+
+async def test_reject_shared_stream_event_from_a_handler_rejects_nothing(
+    running: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Handler calls do not run in the feed's context: the core's module-level reject
+    cannot hit whatever event the feed happens to be on. Handlers raise Reject."""
+    scripted = ScriptedProducer()
+    for n in range(3):
+        scripted.feed(b"%d" % n, n)
+    service = Service("k", producer=lambda: scripted)
+
+    @service.handler("h", concurrency=3, ordering="none")
+    async def handle(message: Message) -> None:
+        reject_shared_stream_event()
+
+    async with running(service):
+        await scripted.wait_advanced(3)
+    assert all(o.is_clean for o in outcomes(scripted).values())
+    assert "outside a shared stream window" in caplog.text

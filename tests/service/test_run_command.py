@@ -1,0 +1,144 @@
+"""SPEC §12 CLI: ``ackgate run MODULE:ATTR`` as a subprocess. SIGTERM stops gracefully
+(exit 0, every finished message committed, nothing else); a second signal stops at
+once; a bad target exits 2 with one line and no traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import IO
+
+REPO = Path(__file__).resolve().parents[2]
+
+APP = """
+import asyncio
+import atexit
+import json
+
+from ackgate import Message, Service
+from ackgate.adapters.memory import MemoryBroker, MemoryStreamProducer
+
+broker = MemoryBroker()
+broker.create_topic("orders", partitions=4)
+for n in range(5000):
+    broker.publish("orders", b"m%d" % n)
+
+service = Service("orders", producer=lambda: MemoryStreamProducer(broker, "orders", "app"))
+
+
+@service.handler("slow", concurrency=4)  # one call per partition at a time, in order
+async def slow(message: Message) -> None:
+    await asyncio.sleep(0.005)
+    print("done", message.id, flush=True)
+
+
+@service.handler("fast", batch_size=50, batch_wait=0.01)
+async def fast(messages: list[Message]) -> None:
+    pass
+
+
+@atexit.register
+def report() -> None:  # runs once run() has returned and the loop is gone
+    print("committed", json.dumps(broker.committed("orders", "app")), flush=True)
+"""
+
+HANGS = """
+import asyncio
+
+from ackgate import Message, Service
+from ackgate.adapters.memory import MemoryBroker, MemoryStreamProducer
+
+broker = MemoryBroker()
+broker.create_topic("orders")
+broker.publish("orders", b"one")
+services = [Service("orders", producer=lambda: MemoryStreamProducer(broker, "orders", "app"))]
+
+
+@services[0].handler("stuck")
+async def stuck(message: Message) -> None:
+    print("started", flush=True)
+    await asyncio.Event().wait()
+"""
+
+
+def ackgate_run(cwd: Path, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "ackgate", "run", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def read_until(stream: IO[str] | None, text: str, lines: list[str]) -> None:
+    assert stream is not None
+    for line in stream:
+        lines.append(line)
+        if text in line:
+            return
+    raise AssertionError(f"{text!r} never came; got {lines[-5:]!r}")
+
+
+def test_sigterm_stops_gracefully_and_commits_exactly_what_finished(tmp_path: Path) -> None:
+    (tmp_path / "orders_app.py").write_text(APP)
+    process = ackgate_run(tmp_path, "orders_app:service", "--shutdown-timeout", "20")
+    try:
+        lines: list[str] = []
+        for _ in range(40):
+            read_until(process.stdout, "done ", lines)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    assert "Traceback" not in err and "stopping gracefully" in err
+    done: dict[int, set[int]] = defaultdict(set)
+    committed: dict[int, int] = {}
+    for line in [*lines, *out.splitlines()]:
+        if line.startswith("done "):
+            _, partition, offset = line.split()[1].split("/")
+            done[int(partition)].add(int(offset))
+        elif line.startswith("committed "):
+            committed = {int(p): o for p, o in json.loads(line.split(" ", 1)[1]).items()}
+    # Calls in progress at SIGTERM finished and were committed; nothing unfinished was.
+    for partition in range(4):
+        assert done[partition] == set(range(committed[partition])), partition
+    assert 40 <= sum(committed.values()) < 5000
+
+
+def test_a_second_signal_stops_at_once(tmp_path: Path) -> None:
+    (tmp_path / "hangs.py").write_text(HANGS)
+    process = ackgate_run(tmp_path, "hangs:services", "--shutdown-timeout", "600")
+    try:
+        read_until(process.stdout, "started", [])
+        process.send_signal(signal.SIGINT)
+        read_until(process.stderr, "stopping gracefully", [])
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 1
+    assert "again: stopping at once" in err
+
+
+def test_a_bad_target_exits_2_with_one_line(tmp_path: Path) -> None:
+    (tmp_path / "hangs.py").write_text(HANGS)
+    for target, message in [
+        ("nope:nothing", "cannot import 'nope': no module named 'nope'"),
+        ("hangs:nothing", "'hangs:nothing': 'hangs' has no attribute 'nothing'"),
+        ("hangs:broker", "'hangs:broker' is a MemoryBroker, not a Service"),
+        ("hangs", "'hangs' is not MODULE:ATTR"),
+    ]:
+        process = ackgate_run(tmp_path, target)
+        _, err = process.communicate(timeout=60)
+        assert process.returncode == 2, (target, err)
+        assert err.startswith("ackgate run: ") and message in err, err
+        assert len(err.splitlines()) == 1 and "Traceback" not in err
