@@ -336,6 +336,15 @@ class MemoryStreamProducer(SharedStreamProducer):
         position: Position = broker_payload
         return position.partition
 
+    def get_event_id(self, broker_payload: Any) -> Hashable:
+        """``(partition, offset)``: a record's identity within the topic (SPEC §13).
+
+        A held partition is sought back and delivers its later records again; a
+        subscriber that acked one of them already is not handed the copy.
+        """
+        position: Position = broker_payload
+        return (position.partition, position.offset)
+
     def to_message(self, raw_event: Any, broker_payload: Any) -> Message:
         """The record as a :class:`~ackgate.Message`: its value as ``body``, its key,
         id ``"<topic>/<partition>/<offset>"``, lane = partition, ``raw`` = the
