@@ -28,7 +28,9 @@ What each outcome does to the broker (``advance`` walks every batch in order):
   offset of the partition moves past the event.
 * **rejected** (nobody failed, someone rejected): the record is copied to
   ``<topic>.dlq`` (same partition number, same key and value; ``reason`` and
-  ``origin`` name why and where it came from), then committed past.
+  ``origin`` name why and where it came from), then committed past. ``reason`` is
+  ``"rejected by R of N subscribers"``, then each reason given (SPEC §8,
+  ``"<subscriber_id>: <reason>"``, in subscription order), separated by ``"; "``.
 * **failed**, or **broadcast to nobody** (all counts zero): the partition is
   *held*. Nothing in it is committed past the event, and the producer seeks the
   partition back to it, so it is delivered again, followed by every later event
@@ -402,7 +404,9 @@ class MemoryStreamProducer(SharedStreamProducer):
         if outcome.rejected:
             record = self._broker._log(self._topic)[partition][committed]
             total = outcome.acked + outcome.rejected
-            reason = f"rejected by {outcome.rejected} of {total} subscribers"
+            reason = "; ".join(
+                (f"rejected by {outcome.rejected} of {total} subscribers", *outcome.reasons)
+            )
             dlq = self._broker._dead_letter(record, reason)
             counts["dead_lettered"] += 1
             logger.debug("dead-lettered %s[%d]@%d to %s[%d]@%d", self._topic, partition,
