@@ -24,6 +24,7 @@ from ackgate._retry import Retry
 from ackgate._service import Service, ServiceStats
 from ackgate._stats import GroupStats
 from ackgate._subscription import Subscription, reject_shared_stream_event
+from ackgate._version import __version__ as __version__
 
 __all__ = [
     "AckGateError",

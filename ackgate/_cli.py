@@ -1,10 +1,12 @@
-"""The ``ackgate`` command: ``ackgate demo`` runs the whole pipeline on the embedded broker;
+"""The ``ackgate`` command: ``ackgate demo`` runs the whole pipeline on the embedded broker,
+``ackgate adapters`` lists the installed broker adapters, ``ackgate --version``, and
 ``ackgate run MODULE:ATTR`` runs services (:mod:`ackgate._run`).
 
-This module is the command line around the run in :mod:`ackgate._demo`: it parses
-and checks the options, shows progress bars while the run goes and prints its
-summary. Exit 0 when the books balance, 1 when not, 2 for bad options.
-Progress bars need ``rich`` (the ``cli`` extra); ``--json`` needs nothing.
+For the demo this module is the command line around the run in :mod:`ackgate._demo`:
+it parses and checks the options, shows progress bars while the run goes and prints
+its summary. Exit 0 when the books balance, 1 when not, 2 for bad options or a
+missing ``rich``. Progress bars need ``rich`` (the ``cli`` extra); ``--json`` needs
+nothing.
 """
 
 from __future__ import annotations
@@ -12,15 +14,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, NoReturn
 
 from ackgate._demo import HANDLERS, Demo
 from ackgate._run import add_parser as add_run_parser
 from ackgate._run import run_command
+from ackgate._version import __version__
+
+ADAPTER_GROUP = "ackgate.adapters"
+"""The entry-point group every adapter distribution registers its producer class under."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -48,6 +56,17 @@ def _handler_list(text: str) -> tuple[str, ...]:
     return names
 
 
+def _database_path(text: str) -> Path:
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory, not a database file")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"directory {str(path.parent)!r} does not exist")
+    if not os.access(path.parent, os.W_OK):
+        raise argparse.ArgumentTypeError(f"directory {str(path.parent)!r} is not writable")
+    return path
+
+
 DEMO_DESCRIPTION = """\
 Publish events (about 1 % malformed) into the embedded broker and read them through
 one shared stream: the indexer stores valid events in SQLite, the auditor rejects
@@ -58,7 +77,17 @@ books balance, 1 when they do not, 2 for bad options."""
 
 def _parser() -> _Parser:
     parser = _Parser(prog="ackgate", description="ackgate's command line.")
+    parser.add_argument("--version", action="version", version=f"ackgate {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parser(
+        "adapters",
+        help="list the installed broker adapters",
+        description=(
+            f"List the producers registered under the {ADAPTER_GROUP!r} entry-point group: "
+            "name, distribution, version and object path, one per line. Reads package "
+            "metadata only; no adapter or client library is imported."
+        ),
+    )
     demo = commands.add_parser(
         "demo",
         help="run the embedded-broker demo and check the books",
@@ -97,7 +126,7 @@ def _parser() -> _Parser:
     )
     demo.add_argument(
         "--db",
-        type=Path,
+        type=_database_path,
         metavar="PATH",
         help="SQLite file for the indexer (default: a temporary one)",
     )
@@ -111,6 +140,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     if opts.command == "run":
         return run_command(opts)
+    if opts.command == "adapters":
+        for line in _adapter_lines():
+            print(line)
+        return 0
     if opts.crash_at is not None:
         if "notifier" not in opts.handlers:
             parser.error("--crash-at needs the notifier among --handlers")
@@ -127,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "pip install 'ackgate[cli]' (or use --json)",
                 file=sys.stderr,
             )
-            return 1
+            return 2
     with tempfile.TemporaryDirectory(prefix="ackgate-demo-") as scratch:
         db = opts.db if opts.db is not None else Path(scratch) / "index.sqlite3"
         demo = Demo(opts.events, opts.partitions, opts.handlers, opts.crash_at, opts.seed, db)
@@ -143,6 +176,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     for problem in summary["discrepancies"]:
         print(f"ackgate demo: books do not balance: {problem}", file=sys.stderr)
     return 0 if summary["balanced"] else 1
+
+
+def _adapter_lines() -> list[str]:
+    """One aligned line per registered adapter, sorted by name, read from metadata only."""
+    rows = []
+    for entry in entry_points(group=ADAPTER_GROUP):
+        assert entry.dist is not None  # set on every entry point found in installed metadata
+        rows.append((entry.name, entry.dist.name, entry.dist.version, entry.value))
+    rows.sort()
+    name, dist, version = (max((len(row[i]) for row in rows), default=0) for i in range(3))
+    return [f"{n:<{name}}  {d:<{dist}}  {v:<{version}}  {path}" for n, d, v, path in rows]
 
 
 class _Display:

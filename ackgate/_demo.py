@@ -173,7 +173,7 @@ class Demo:
 
     def stats(self) -> MemoryProducerStats:
         """Counters summed over every producer (one per group; a group restarts if the
-        notifier was the only handler and crashed)."""
+        notifier was the only handler and crashed: its roster is then empty)."""
         totals = dict.fromkeys(MemoryProducerStats.__dataclass_fields__, 0)
         for producer in self._producers:
             for name in totals:
@@ -225,7 +225,9 @@ class Demo:
         handle, sink = handles[name], sinks.get(name)
         while True:
             try:
-                await manager.run_subscriber(KEY, name, handle, producer=self.producer, sink=sink)
+                await manager.run_subscriber(
+                    KEY, name, handle, producer=self.producer, sink=sink, roster=self.handlers
+                )
             except _CrashRequested as crash:
                 self.crashes += 1
                 self._note(
@@ -243,12 +245,11 @@ class Demo:
         problems: list[str] = []
         started = time.perf_counter()
         try:
-            # "block": the slow notifier holds the poll back instead of being
-            # force-failed; the grace period lets every handler join before the
-            # first event is broadcast, so each event's snapshot holds all of them.
-            async with SharedStreamManager(
-                overflow="block", subscriber_queue_size=2048, cohort_grace_period=0.05
-            ) as manager:
+            # The handlers are the group's roster: polling starts once all of them
+            # are subscribed, the slow notifier holds the poll back instead of being
+            # force-failed, and while the crashed notifier is away the group pauses,
+            # so no event is ever committed without every handler.
+            async with SharedStreamManager() as manager:
                 tasks = [
                     asyncio.create_task(self._supervise(manager, name), name=name)
                     for name in self.handlers

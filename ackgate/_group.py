@@ -30,12 +30,16 @@ from ackgate._errors import (
 )
 from ackgate._log import Event, EventLog
 from ackgate._producer import SharedStreamProducer
+from ackgate._redelivery import RedeliveryMemory
 from ackgate._tracker import Lane, LaneTracker
 
 if TYPE_CHECKING:
     from ackgate._subscription import Subscription
 
 logger = logging.getLogger("ackgate.group")
+
+#: How many acked event ids a group remembers to skip redelivered copies (SPEC §13).
+_REMEMBERED_EVENT_IDS = 65_536
 
 #: How a subscriber resolves an event other than by acking it (``resolve_acked``).
 Resolution = Literal["failed", "rejected"]
@@ -100,8 +104,13 @@ class Group:
         self.unresolved: deque[Event] = deque()
         self._timer_wakeup: asyncio.Future[None] | None = None
         self._producer: SharedStreamProducer | None = None
+        #: Who acked which event ids, to skip them on a redelivered copy (SPEC §13).
+        self.redelivery = RedeliveryMemory(_REMEMBERED_EVENT_IDS)
+        self.redeliveries_skipped = 0
+        self.redeliveries_skipped_by: dict[Hashable, int] = {}
         self._poll_exited = False
         self.stop_task: asyncio.Task[None] | None = None
+        self._get_event_id: Callable[[Any], Hashable] | None = None
         loop = asyncio.get_running_loop()
         self._poll_task = loop.create_task(self._poll())
         self._timer_task = loop.create_task(self._watch_timeouts()) if ack_mode else None
@@ -110,6 +119,7 @@ class Group:
     # -- membership ----------------------------------------------------------------
 
     def join(self, subscription: Subscription) -> None:
+        subscription._bit = self.redelivery.bit(subscription.subscriber_id)
         self.members[subscription.subscriber_id] = subscription
         self.active.add(subscription)
         self._check_health()
@@ -184,7 +194,7 @@ class Group:
         for position in range(sub._cursor, log.head):
             event = log.at(position)
             event.undelivered -= 1
-            if self.ack_mode:
+            if self.ack_mode and not (event.skipped and sub._skips(event)):
                 self.resolve(event, "failed")
         sub._cursor = log.head
         log.trim()
@@ -196,9 +206,11 @@ class Group:
 
     # -- resolution ----------------------------------------------------------------
 
-    def resolve_acked(self, event: Event) -> None:
-        """One subscriber in ``event``'s snapshot moved past it, outputs confirmed."""
+    def resolve_acked(self, event: Event, sub: Subscription) -> None:
+        """``sub``, in ``event``'s snapshot, moved past it with its outputs confirmed."""
         assert event.pending > 0, "resolved more often than its snapshot allows"
+        if event.event_id is not None and sub._bit is not None:
+            self.redelivery.remember(event.event_id, sub._bit)
         event.acked += 1
         event.pending -= 1
         if event.pending == 0:
@@ -294,7 +306,12 @@ class Group:
             return True
         if sub._current is event:
             return not sub._current_resolved
-        return not sub._left and sub._joined_at <= event.position and sub._cursor <= event.position
+        return (
+            not sub._left
+            and sub._joined_at <= event.position
+            and sub._cursor <= event.position
+            and not (event.skipped and sub._skips(event))
+        )
 
     async def _watch_timeouts(self) -> None:
         loop = asyncio.get_running_loop()
@@ -350,9 +367,11 @@ class Group:
                 else:
                     raw, payload = item
                     lane_key = get_lane(payload) if get_lane is not None else None
+                    get_id = self._get_event_id
+                    event_id = get_id(payload) if get_id is not None else None
                     if roster is not None and not await self._until_healthy():
                         break
-                    self._broadcast(raw, payload, lane_key)
+                    self._broadcast(raw, payload, lane_key, event_id)
                 since_yield += 1
                 if since_yield >= fairness:
                     since_yield = 0
@@ -398,10 +417,14 @@ class Group:
                 f"producer() must return a SharedStreamProducer, got {type(made).__name__}"
             )
         self._producer = made
+        if type(made).get_event_id is not SharedStreamProducer.get_event_id:
+            self._get_event_id = made.get_event_id
         self.tracker.start(made)
         return made.open_stream(), made.get_advance_lane
 
-    def _broadcast(self, raw: Any, payload: Any, lane_key: Hashable) -> None:
+    def _broadcast(
+        self, raw: Any, payload: Any, lane_key: Hashable, event_id: Hashable = None
+    ) -> None:
         # Once per event: the tracker's bookkeeping is inlined here.
         log = self.log
         if self.ack_mode:
@@ -420,10 +443,14 @@ class Group:
                 self.expire()  # before the snapshot: the expired are not in it
             snapshot = len(self.active)
             assert self.roster is None or snapshot == len(self.roster), "snapshot is the roster"
-            event = Event(log.head, raw, payload, lane, snapshot, now)
+            event = Event(log.head, raw, payload, lane, snapshot, now, event_id)
+            if event_id is not None and snapshot:
+                acked_before = self.redelivery.acked_mask(event_id)
+                if acked_before:
+                    self._carry_over(event, acked_before)
             lane.events.append(event)
             tracker.outstanding += 1
-            if snapshot:
+            if event.pending:
                 wakeup = self._timer_wakeup
                 if not unresolved and wakeup is not None and not wakeup.done():
                     wakeup.set_result(None)
@@ -442,6 +469,20 @@ class Group:
                 if not waiter.done():
                     waiter.set_result(None)
             waiters.clear()
+
+    def _carry_over(self, event: Event, acked_before: int) -> None:
+        """A redelivered copy: who acked an earlier copy is counted acked at once."""
+        skipped = 0
+        for sub in self.active:
+            bit = sub._bit
+            if bit is not None and acked_before >> bit & 1:
+                skipped |= 1 << bit
+                event.acked += 1
+                event.pending -= 1
+                by = self.redeliveries_skipped_by
+                by[sub.subscriber_id] = by.get(sub.subscriber_id, 0) + 1
+                self.redeliveries_skipped += 1
+        event.skipped = skipped
 
     def _refresh_min_cursor(self) -> int:
         self._min_cursor_hint = min((sub._cursor for sub in self.active), default=self.log.head)

@@ -22,12 +22,14 @@ class Event:
 
     Invariants (checked by ``tests/core/test_stateful.py``):
     ``acked + failed + rejected + pending`` is the snapshot size at all times, and
-    ``undelivered <= pending``: nobody is handed an event it no longer owes.
+    ``undelivered <= pending + popcount(skipped)``: nobody is handed an event it no
+    longer owes (subscribers in ``skipped`` pass it without being handed it).
     """
 
     __slots__ = (
         "acked",
         "broadcast_at",
+        "event_id",
         "failed",
         "lane",
         "payload",
@@ -35,6 +37,7 @@ class Event:
         "position",
         "raw",
         "rejected",
+        "skipped",
         "undelivered",
     )
 
@@ -49,6 +52,7 @@ class Event:
         lane: Lane | None,
         snapshot: int,
         broadcast_at: float,
+        event_id: Hashable = None,
     ) -> None:
         self.position = position
         self.raw = raw
@@ -59,6 +63,11 @@ class Event:
         #: Subscribers in the snapshot that have not been handed the event yet.
         self.undelivered = snapshot
         self.broadcast_at = broadcast_at
+        #: The broker's identity of the event (SPEC §13), ``None`` when it has none.
+        self.event_id = event_id
+        #: Bits of the subscribers counted acked at broadcast because they acked an
+        #: earlier copy of ``event_id``: they pass the event without being handed it.
+        self.skipped = 0
         self.acked = 0
         self.failed = 0
         self.rejected = 0

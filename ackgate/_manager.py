@@ -233,6 +233,7 @@ class SharedStreamManager:
                     failed_subscribers=failed,
                     paused=group.paused,
                     missing=group.missing(),
+                    redeliveries_skipped=group.redeliveries_skipped,
                 )
             )
         return result

@@ -71,6 +71,19 @@ class SharedStreamProducer(ABC):
         """
         return None
 
+    def get_event_id(self, broker_payload: Any) -> Hashable | None:
+        """Return the broker's identity of the event, stable across redeliveries.
+
+        Optional (default ``None``: no identity). When a copy of an event whose id
+        was seen before in this group is broadcast again, every subscriber that
+        acked an earlier copy is counted ``acked`` for it at once and not handed
+        it (SPEC §13). Called once per event, synchronously, like
+        :meth:`get_advance_lane`; raising or returning an unhashable value ends
+        the group with ``StreamTerminated``. Return an id only if two payloads
+        with equal ids really carry the same event.
+        """
+        return None
+
     def to_message(self, raw_event: Any, broker_payload: Any) -> Message:
         """Convert one yielded event into the :class:`~ackgate.Message` handlers receive.
 
@@ -80,18 +93,21 @@ class SharedStreamProducer(ABC):
         restarts it after a backoff, and the broker redelivers.
 
         The default accepts ``bytes`` raw events only: ``Message(body=raw_event,
-        id=repr(broker_payload), lane=self.get_advance_lane(broker_payload),
-        raw=raw_event)``, no key, no headers, no delivery count. Anything else is a
-        ``TypeError`` naming the producer class. Adapters override it.
+        id=..., lane=self.get_advance_lane(broker_payload), raw=raw_event)``, no
+        key, no headers, no delivery count; ``id`` is ``str(get_event_id(payload))``
+        when the producer gives ids (SPEC §13), else ``repr(broker_payload)``.
+        Anything else is a ``TypeError`` naming the producer class. Adapters
+        override it.
         """
         if not isinstance(raw_event, bytes):
             raise TypeError(
                 f"{type(self).__name__} yields {type(raw_event).__name__} raw events; the "
                 "default to_message() takes bytes only: override to_message() to convert them"
             )
+        event_id = self.get_event_id(broker_payload)
         return Message(
             body=raw_event,
-            id=repr(broker_payload),
+            id=repr(broker_payload) if event_id is None else str(event_id),
             lane=self.get_advance_lane(broker_payload),
             raw=raw_event,
         )

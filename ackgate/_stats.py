@@ -30,3 +30,6 @@ class GroupStats:
     #: Rostered groups: the roster members not attached or force-failed, in roster
     #: order; ``()`` for dynamic groups.
     missing: tuple[Hashable, ...] = ()
+    #: Deliveries saved (SPEC §13): redelivered copies counted acked at once for
+    #: subscribers that had acked an earlier copy, instead of handed to them again.
+    redeliveries_skipped: int = 0

@@ -70,6 +70,8 @@ class Subscription:
         self._failure: Exception | None = None
         self._left = False
         self._waiter: asyncio.Future[None] | None = None
+        #: This subscriber id's bit in the group's redelivery memory (None: none).
+        self._bit: int | None = None
 
     def __repr__(self) -> str:
         return f"<Subscription key={self.key!r} subscriber_id={self.subscriber_id!r}>"
@@ -106,8 +108,16 @@ class Subscription:
                 raise self._failure
             if group.terminal is not None:
                 raise group.terminal_error()
-            if self._cursor < log.head:
-                break
+            cursor = self._cursor
+            if cursor < log.head:
+                event = log.entries[cursor - log.base]
+                self._cursor = cursor + 1
+                event.undelivered -= 1
+                if event.undelivered == 0:
+                    log.trim()
+                if not (event.skipped and self._skips(event)):
+                    break
+                continue  # counted acked at broadcast: it acked an earlier copy
             waiter = self._waiter = asyncio.get_running_loop().create_future()
             group.waiters.append(waiter)
             try:
@@ -116,12 +126,6 @@ class Subscription:
                 self._waiter = None
             if self._left:
                 raise StopAsyncIteration
-        cursor = self._cursor
-        event = log.entries[cursor - log.base]
-        self._cursor = cursor + 1
-        event.undelivered -= 1
-        if event.undelivered == 0:
-            log.trim()
         if group.blocked:
             group.room.set()
         if ack_mode:
@@ -131,10 +135,20 @@ class Subscription:
                 _current_subscription.set(self)
         return event.raw
 
+    def _skips(self, event: Event) -> bool:
+        """Whether this subscriber acked an earlier copy of ``event`` (SPEC §13)."""
+        bit = self._bit
+        return bit is not None and bool(event.skipped >> bit & 1)
+
+    @property
+    def redeliveries_skipped(self) -> int:
+        """Redelivered copies this subscriber id was not handed: it had acked them."""
+        return self._group.redeliveries_skipped_by.get(self.subscriber_id, 0)
+
     def _close_window(self, event: Event) -> None:
         self._current = None
         if not self._current_resolved and event not in self._outputs:
-            self._group.resolve_acked(event)
+            self._group.resolve_acked(event, self)
         # Otherwise the last confirmation resolves it (``_output_confirmed``).
 
     def _output_confirmed(self, event: Event) -> bool:
@@ -149,7 +163,7 @@ class Subscription:
         del outputs[event]
         if event is not self._current:  # its window is closed: this was the last output
             group = self._group
-            group.resolve_acked(event)
+            group.resolve_acked(event, self)
             if self._left and not outputs:
                 group.departed.discard(self)
         return True

@@ -39,9 +39,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import TopicPartition
 
 from ackgate import SharedStreamManager, Subscription
-from ackgate.adapters.kafka import KafkaStreamProducer
+from ackgate_kafka import KafkaStreamProducer
 
-KAFKA_TESTS = Path(__file__).resolve().parents[1] / "tests" / "adapters" / "kafka"
+TEST_SUPPORT = Path(__file__).resolve().parents[1] / "tests" / "support"
 
 
 async def fill_topic(bootstrap: str, topic: str, messages: int, partitions: int, size: int) -> None:
@@ -220,8 +220,8 @@ def main() -> None:
     if args.bootstrap:
         asyncio.run(bench(args.bootstrap, args.messages, args.partitions, args.size, args.repeat))
         return
-    sys.path.insert(0, str(KAFKA_TESTS))
-    from kafka_broker import LocalKafkaBroker
+    sys.path.insert(0, str(TEST_SUPPORT))
+    from ackgate_test_support.kafka_broker import LocalKafkaBroker
 
     with tempfile.TemporaryDirectory() as workdir:
         # Full JIT and a bigger heap than in the tests: this measures throughput.

@@ -34,10 +34,10 @@ from google.pubsub_v1.services.publisher.transports import PublisherGrpcAsyncIOT
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcAsyncIOTransport
 
 from ackgate import SharedStreamManager, Subscription
-from ackgate.adapters.pubsub import PubSubStreamProducer
+from ackgate_pubsub import PubSubStreamProducer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.adapters.local_server import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
+from ackgate_test_support.local_server import (
     ServerDidNotStart,
     answers,
     free_port,

@@ -27,10 +27,10 @@ from pathlib import Path
 from aiobotocore.session import get_session
 
 from ackgate import AdvanceItem, SharedStreamManager, Subscription
-from ackgate.adapters.sqs import SqsStreamProducer
+from ackgate_sqs import SqsStreamProducer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.adapters.local_server import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
+from ackgate_test_support.local_server import (
     ServerDidNotStart,
     answers,
     free_port,

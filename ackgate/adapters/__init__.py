@@ -1,4 +1,7 @@
-"""Broker adapters. Each lives in its own module, imports its SDK lazily and is
-installed with an extra: ``pip install 'ackgate[kafka]'``, ``[sqs]``, ``[pubsub]``,
-``[servicebus]``. The in-process :mod:`ackgate.adapters.memory` broker needs nothing.
+"""The in-process broker, :mod:`ackgate.adapters.memory`: ackgate's own adapter and test double.
+
+Broker adapters are distributions of their own (``ackgate-kafka``, ``ackgate-sqs``,
+``ackgate-pubsub``, ``ackgate-servicebus``; ``pip install 'ackgate[kafka]'`` and so on),
+registered under the ``ackgate.adapters`` entry-point group: ``ackgate adapters`` lists
+what is installed.
 """

@@ -121,6 +121,8 @@ def test_a_stalled_run_gives_up_with_exit_1(
         (["demo", "--handlers", "indexer", "--crash-at", "3"], "needs the notifier"),
         (["demo", "--events", "10", "--crash-at", "11"], "beyond --events 10"),
         (["demo", "--bogus"], "unrecognized arguments"),
+        (["demo", "--db", "/nonexistent-ackgate-dir/index.sqlite3"], "does not exist"),
+        (["demo", "--db", "."], "is a directory"),
         ([], "required: COMMAND"),
     ],
 )
@@ -165,5 +167,5 @@ def test_json_needs_no_rich_and_bars_name_the_extra(tmp_path: Path) -> None:
     assert json.loads(done.stdout)["balanced"] is True
     done = run_module("-c", without_rich + "sys.exit(main(['demo', '--events', '200']))",
                       cwd=tmp_path)
-    assert done.returncode == 1
-    assert "pip install 'ackgate[cli]'" in done.stderr
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "pip install 'ackgate[cli]'" in done.stderr

@@ -1,7 +1,7 @@
 """A genuine Apache Kafka broker (KRaft, single node) for the Kafka adapter tests.
 
 The session fixture ``kafka_bootstrap`` uses ``ACKGATE_KAFKA_BOOTSTRAP`` when it names a
-running broker. Otherwise it starts one with :mod:`kafka_broker`: the official
+running broker. Otherwise it starts one with :mod:`ackgate_test_support.kafka_broker`: the official
 ``org.apache.kafka:kafka_2.13`` jars fetched by Maven into a cache outside the repo (the
 first run takes a few seconds more), storage formatted in a temporary directory, the
 broker on free 127.0.0.1 ports, awaited until it answers a metadata request. If that
@@ -16,8 +16,16 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from kafka_broker import BrokerError, LocalKafkaBroker, broker_libs, kafka_version, metadata_ok
-from kafka_testlib import KafkaTestCluster
+
+from ackgate_test_support.kafka_broker import (
+    BrokerError,
+    LocalKafkaBroker,
+    broker_libs,
+    kafka_version,
+    metadata_ok,
+)
+
+from .kafka_testlib import KafkaTestCluster
 
 
 @pytest.fixture(scope="session")

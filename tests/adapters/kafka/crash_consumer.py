@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ackgate import SharedStreamManager
-from ackgate.adapters.kafka import KafkaStreamProducer
+from ackgate_kafka import KafkaStreamProducer
 
 WORK_SECONDS = 0.0005
 

@@ -7,10 +7,9 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
-from kafka_testlib import KafkaTestCluster
 
-from ackgate.adapters.kafka import KafkaStreamProducer
-from tests.adapters.conformance import (
+from ackgate_kafka import KafkaStreamProducer
+from ackgate_test_support.conformance import (
     LANES,
     BrokerHarness,
     check_failed_is_redelivered,
@@ -18,6 +17,8 @@ from tests.adapters.conformance import (
     check_order_per_lane,
     check_reject_goes_to_dlq,
 )
+
+from .kafka_testlib import KafkaTestCluster
 
 
 class KafkaHarness(BrokerHarness):

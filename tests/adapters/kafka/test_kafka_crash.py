@@ -11,7 +11,8 @@ from collections import Counter
 from pathlib import Path
 
 from aiokafka.structs import TopicPartition
-from kafka_testlib import KafkaTestCluster
+
+from .kafka_testlib import KafkaTestCluster
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]

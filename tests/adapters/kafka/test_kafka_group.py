@@ -7,7 +7,6 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from kafka_testlib import KafkaTestCluster, free_port
 
 from ackgate import (
     SharedStreamManager,
@@ -15,7 +14,9 @@ from ackgate import (
     Subscription,
     reject_shared_stream_event,
 )
-from ackgate.adapters.kafka import KafkaStreamProducer
+from ackgate_kafka import KafkaStreamProducer
+
+from .kafka_testlib import KafkaTestCluster, free_port
 
 
 class Crash(Exception):

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
-from kafka_testlib import KafkaTestCluster
 
 from ackgate import AdvanceItem, AdvanceOutcome
-from ackgate.adapters.kafka import KafkaStreamProducer
+from ackgate_kafka import KafkaStreamProducer
+
+from .kafka_testlib import KafkaTestCluster
 
 ACK = AdvanceOutcome(acked=2, failed=0, rejected=0)
 FAIL = AdvanceOutcome(acked=1, failed=1, rejected=0)
@@ -70,14 +70,6 @@ def test_deserializers_with_dlq_are_refused() -> None:
             dlq_topic="dlq",
             value_deserializer=bytes.decode,
         )
-
-
-async def test_missing_aiokafka_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "aiokafka", None)
-    producer = KafkaStreamProducer("t", bootstrap_servers="127.0.0.1:1", group_id="g")
-    with pytest.raises(ImportError, match=r"pip install 'ackgate\[kafka\]'"):
-        await anext(producer.open_stream())
-    await producer.aclose()
 
 
 async def test_poll_error_ends_the_stream_loudly(

@@ -6,10 +6,10 @@ import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from kafka_testlib import KafkaTestCluster
-
 from ackgate import SharedStreamManager, Subscription
-from ackgate.adapters.kafka import KafkaStreamProducer
+from ackgate_kafka import KafkaStreamProducer
+
+from .kafka_testlib import KafkaTestCluster
 
 FAST_GROUP: dict[str, Any] = {"heartbeat_interval_ms": 300, "session_timeout_ms": 6000}
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ackgate.adapters.memory import MemoryBroker, MemoryStreamProducer
-from tests.adapters.conformance import (
+from ackgate_test_support.conformance import (
     LANES,
     BrokerHarness,
     check_failed_is_redelivered,

@@ -16,9 +16,10 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from pubsub_support import PubSubAdmin
 
-from tests.adapters.local_server import ServerDidNotStart, answers, free_port, local_server
+from ackgate_test_support.local_server import ServerDidNotStart, answers, free_port, local_server
+
+from .pubsub_support import PubSubAdmin
 
 EMULATOR = Path("/usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator")
 _START_TIMEOUT = 60.0

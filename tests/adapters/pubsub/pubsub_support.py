@@ -1,5 +1,5 @@
 """Topic / subscription management and a recording producer for the Pub/Sub adapter
-tests (imported by name: pytest puts this directory on ``sys.path``)."""
+tests (imported relatively: ``from .pubsub_support import ...``)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from google.pubsub_v1.services.publisher.transports import PublisherGrpcAsyncIOT
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcAsyncIOTransport
 
 from ackgate import AdvanceItem, AdvanceOutcome
-from ackgate.adapters.pubsub import PubSubStreamProducer
+from ackgate_pubsub import PubSubStreamProducer
 
 PROJECT = "ackgate-test"
 

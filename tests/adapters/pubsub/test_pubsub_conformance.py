@@ -6,16 +6,17 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from pubsub_support import PubSubAdmin, text
 
-from ackgate.adapters.pubsub import PubSubStreamProducer
-from tests.adapters.conformance import (
+from ackgate_pubsub import PubSubStreamProducer
+from ackgate_test_support.conformance import (
     BrokerHarness,
     check_failed_is_redelivered,
     check_nothing_lost,
     check_order_per_lane,
     check_reject_goes_to_dlq,
 )
+
+from .pubsub_support import PubSubAdmin, text
 
 
 class PubSubHarness(BrokerHarness):

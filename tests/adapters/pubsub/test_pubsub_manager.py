@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from pubsub_support import PubSubAdmin, RecordingProducer, text
 
 from ackgate import (
     AdvanceOutcome,
@@ -17,7 +16,9 @@ from ackgate import (
     Subscription,
     reject_shared_stream_event,
 )
-from ackgate.adapters.pubsub import REASON_ATTRIBUTE, SOURCE_ATTRIBUTE
+from ackgate_pubsub import REASON_ATTRIBUTE, SOURCE_ATTRIBUTE
+
+from .pubsub_support import PubSubAdmin, RecordingProducer, text
 
 KEY = "pubsub"
 

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from google.api_core.exceptions import InvalidArgument, ServiceUnavailable
 from google.rpc.error_details_pb2 import ErrorInfo
-from pubsub_support import PubSubAdmin, text
 
-import ackgate.adapters.pubsub as pubsub_adapter
 from ackgate import AdvanceItem, AdvanceOutcome
-from ackgate.adapters.pubsub import PubSubError, PubSubStreamProducer
+from ackgate_pubsub import PubSubError, PubSubStreamProducer
+
+from .pubsub_support import PubSubAdmin, text
 
 ACKED = AdvanceOutcome(acked=1, failed=0, rejected=0)
 FAILED = AdvanceOutcome(acked=0, failed=1, rejected=0)
@@ -206,13 +206,6 @@ def test_arguments_are_checked_at_once(argument: str, value: Any) -> None:
 def test_a_bare_subscription_name_is_refused() -> None:
     with pytest.raises(ValueError, match="subscription"):
         PubSubStreamProducer("my-subscription")
-
-
-async def test_a_missing_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pubsub_adapter, "_SDK_MISSING", ImportError("no google"))
-    stream = PubSubStreamProducer(SUBSCRIPTION).open_stream()
-    with pytest.raises(ImportError, match=r"pip install 'ackgate\[pubsub\]'"):
-        await anext(stream)
 
 
 def _exactly_once_refusal(failures: dict[str, str]) -> InvalidArgument:

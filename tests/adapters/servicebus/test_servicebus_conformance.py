@@ -10,16 +10,17 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from fake_servicebus import FakeServiceBus
 
-from ackgate.adapters.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusStreamProducer
-from tests.adapters.conformance import (
+from ackgate_servicebus import NEXT_AVAILABLE_SESSION, ServiceBusStreamProducer
+from ackgate_test_support.conformance import (
     BrokerHarness,
     check_failed_is_redelivered,
     check_nothing_lost,
     check_order_per_lane,
     check_reject_goes_to_dlq,
 )
+
+from .fake_servicebus import FakeServiceBus
 
 QUEUE = "conformance"
 

@@ -26,7 +26,7 @@ from testcontainers.core.network import Network
 from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 
 from ackgate import SharedStreamManager, Subscription
-from ackgate.adapters.servicebus import (
+from ackgate_servicebus import (
     DEAD_LETTER_REASON,
     NEXT_AVAILABLE_SESSION,
     ServiceBusStreamProducer,

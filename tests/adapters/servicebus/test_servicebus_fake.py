@@ -11,7 +11,8 @@ from azure.servicebus.exceptions import (
     SessionCannotBeLockedError,
     SessionLockLostError,
 )
-from fake_servicebus import FakeServiceBus, ManualClock
+
+from .fake_servicebus import FakeServiceBus, ManualClock
 
 
 @pytest.fixture

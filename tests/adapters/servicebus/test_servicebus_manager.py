@@ -14,14 +14,15 @@ from typing import Any
 
 import pytest
 from azure.servicebus.exceptions import MessageLockLostError, ServiceBusError
-from fake_servicebus import FakeServiceBus
 
 from ackgate import SharedStreamManager, StreamTerminated, Subscription
-from ackgate.adapters.servicebus import (
+from ackgate_servicebus import (
     DEAD_LETTER_REASON,
     NEXT_AVAILABLE_SESSION,
     ServiceBusStreamProducer,
 )
+
+from .fake_servicebus import FakeServiceBus
 
 LOGGER = "ackgate.adapters.servicebus"
 OnEvent = Callable[[Subscription, Any], Awaitable[None]]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -19,14 +18,15 @@ from azure.servicebus.exceptions import (
     ServiceBusError,
     SessionLockLostError,
 )
-from fake_servicebus import FakeServiceBus
 
 from ackgate import AdvanceItem, AdvanceOutcome
-from ackgate.adapters.servicebus import (
+from ackgate_servicebus import (
     DEAD_LETTER_REASON,
     NEXT_AVAILABLE_SESSION,
     ServiceBusStreamProducer,
 )
+
+from .fake_servicebus import FakeServiceBus
 
 CLEAN = AdvanceOutcome(acked=2, failed=0, rejected=0)
 REJECTED = AdvanceOutcome(acked=1, failed=0, rejected=1)
@@ -277,15 +277,6 @@ async def test_aclose_abandons_what_was_not_advanced_and_closes(bus: FakeService
         (b"c", 1),
     ]
     assert bus.clients[0].closed and all(r.closed for r in bus.clients[0].receivers)
-
-
-async def test_missing_sdk_names_the_extra(
-    bus: FakeServiceBus, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setitem(sys.modules, "azure.servicebus", None)
-    stream = open_stream(producer(bus))
-    with pytest.raises(ImportError, match=r"pip install 'ackgate\[servicebus\]'"):
-        await anext(stream)
 
 
 @pytest.mark.parametrize(

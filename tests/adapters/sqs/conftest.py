@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 from aiobotocore.session import get_session
-from sqs_support import REGION, SqsAdmin
 
-from tests.adapters.local_server import ServerDidNotStart, answers, free_port, local_server
+from ackgate_test_support.local_server import ServerDidNotStart, answers, free_port, local_server
+
+from .sqs_support import REGION, SqsAdmin
 
 _START_TIMEOUT = 30.0
 

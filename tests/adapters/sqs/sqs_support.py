@@ -1,5 +1,5 @@
-"""Queue management and inspection for the SQS adapter tests (imported by name:
-pytest puts this directory on ``sys.path``)."""
+"""Queue management and inspection for the SQS adapter tests (imported relatively:
+``from .sqs_support import ...``)."""
 
 from __future__ import annotations
 

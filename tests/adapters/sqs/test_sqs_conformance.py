@@ -7,16 +7,17 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from sqs_support import REGION, SqsAdmin
 
-from ackgate.adapters.sqs import SqsStreamProducer
-from tests.adapters.conformance import (
+from ackgate_sqs import SqsStreamProducer
+from ackgate_test_support.conformance import (
     BrokerHarness,
     check_failed_is_redelivered,
     check_nothing_lost,
     check_order_per_lane,
     check_reject_goes_to_dlq,
 )
+
+from .sqs_support import REGION, SqsAdmin
 
 
 class SqsHarness(BrokerHarness):

@@ -8,10 +8,11 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from sqs_support import REGION, SqsAdmin
 
 from ackgate import SharedStreamManager, Subscription, reject_shared_stream_event
-from ackgate.adapters.sqs import REASON_ATTRIBUTE, SqsStreamProducer
+from ackgate_sqs import REASON_ATTRIBUTE, SqsStreamProducer
+
+from .sqs_support import REGION, SqsAdmin
 
 
 def factory(sqs: SqsAdmin, url: str, **options: Any) -> Callable[[], SqsStreamProducer]:

@@ -8,10 +8,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from sqs_support import REGION, SqsAdmin
 
 from ackgate import AdvanceItem, AdvanceOutcome
-from ackgate.adapters.sqs import REASON_ATTRIBUTE, SqsStreamProducer
+from ackgate_sqs import REASON_ATTRIBUTE, SqsStreamProducer
+
+from .sqs_support import REGION, SqsAdmin
 
 CLEAN = AdvanceOutcome(acked=2, failed=0, rejected=0)
 FAILED = AdvanceOutcome(acked=1, failed=1, rejected=0)
@@ -161,7 +162,7 @@ class FlakyClient:
 
 def fake_payloads(count: int) -> list[Any]:
     """Broker payloads as open_stream makes them, without a server."""
-    from ackgate.adapters.sqs import _Receipt
+    from ackgate_sqs._producer import _Receipt
 
     return [
         _Receipt({"MessageId": f"id-{i}", "ReceiptHandle": f"rh-{i}"}, f"id-{i}", 0.0)

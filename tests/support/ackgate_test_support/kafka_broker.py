@@ -1,8 +1,8 @@
 """Start a genuine Apache Kafka broker (KRaft, single node) as a local Java process.
 
-Used by ``conftest.py`` (the session fixture) and by ``benchmarks/kafka_e2e.py``. The
-official ``org.apache.kafka:kafka_2.13`` jars and their runtime dependencies are fetched
-with Maven (``pom.xml`` beside this file) into
+Used by ``tests/adapters/kafka/conftest.py`` (the session fixture) and by
+``benchmarks/kafka_e2e.py``. The official ``org.apache.kafka:kafka_2.13`` jars and their
+runtime dependencies are fetched with Maven (``pom.xml`` beside this file) into
 ``$XDG_CACHE_HOME/ackgate/kafka-<version>/libs`` (``~/.cache`` by default) once and
 reused. Every failure raises :class:`BrokerError` carrying the broker's log tail.
 """
@@ -23,7 +23,8 @@ from pathlib import Path
 from types import TracebackType
 
 from aiokafka.admin import AIOKafkaAdminClient
-from kafka_testlib import free_port
+
+from ackgate_test_support.local_server import free_port
 
 POM = Path(__file__).resolve().parent / "pom.xml"
 START_TIMEOUT = 120.0

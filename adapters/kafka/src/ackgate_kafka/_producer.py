@@ -60,8 +60,7 @@ from collections.abc import AsyncGenerator, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ackgate._outcome import AdvanceItem, AdvanceOutcome
-from ackgate._producer import SharedStreamProducer
+from ackgate import AdvanceItem, AdvanceOutcome, SharedStreamProducer
 
 log = logging.getLogger("ackgate.adapters.kafka")
 
@@ -95,9 +94,7 @@ def _import_aiokafka() -> Any:
         import aiokafka.abc
         import aiokafka.errors
     except ImportError as exc:
-        raise ImportError(
-            "ackgate's Kafka adapter needs aiokafka: pip install 'ackgate[kafka]'"
-        ) from exc
+        raise ImportError("ackgate-kafka needs aiokafka: pip install 'ackgate[kafka]'") from exc
     # Virtual subclass: aiokafka checks the listener with isinstance, and importing the
     # ABC at module level would make aiokafka a hard dependency of this module.
     aiokafka.abc.ConsumerRebalanceListener.register(_RebalanceListener)

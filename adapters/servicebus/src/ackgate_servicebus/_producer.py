@@ -42,8 +42,7 @@ from enum import Enum
 from types import SimpleNamespace
 from typing import Any, Final
 
-from ackgate._outcome import AdvanceItem, AdvanceOutcome
-from ackgate._producer import SharedStreamProducer
+from ackgate import AdvanceItem, AdvanceOutcome, SharedStreamProducer
 
 __all__ = ["DEAD_LETTER_REASON", "NEXT_AVAILABLE_SESSION", "ServiceBusStreamProducer"]
 
@@ -81,7 +80,7 @@ def _import_sdk() -> SimpleNamespace:
         )
     except ImportError as exc:
         raise ImportError(
-            "ServiceBusStreamProducer needs azure-servicebus: pip install 'ackgate[servicebus]'"
+            "ackgate-servicebus needs azure-servicebus: pip install 'ackgate[servicebus]'"
         ) from exc
     return SimpleNamespace(
         client=ServiceBusClient,

@@ -50,9 +50,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mappin
 from logging import getLogger
 from typing import Any
 
-from ackgate._errors import AckGateError
-from ackgate._outcome import AdvanceItem, AdvanceOutcome
-from ackgate._producer import SharedStreamProducer
+from ackgate import AckGateError, AdvanceItem, AdvanceOutcome, SharedStreamProducer
 
 try:
     import grpc  # type: ignore[import-untyped,unused-ignore]
@@ -285,7 +283,7 @@ class PubSubStreamProducer(SharedStreamProducer):
     def _connect(self) -> None:
         if _SDK_MISSING is not None:
             raise ImportError(
-                "the Pub/Sub adapter needs google-cloud-pubsub: pip install 'ackgate[pubsub]'"
+                "ackgate-pubsub needs google-cloud-pubsub: pip install 'ackgate[pubsub]'"
             ) from _SDK_MISSING
         self._subscriber = self._client(SubscriberAsyncClient, SubscriberGrpcAsyncIOTransport)
         if self._dlq_topic is not None:

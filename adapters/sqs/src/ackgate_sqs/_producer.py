@@ -46,8 +46,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from ackgate._outcome import AdvanceItem, AdvanceOutcome
-from ackgate._producer import SharedStreamProducer
+from ackgate import AdvanceItem, AdvanceOutcome, SharedStreamProducer
 
 logger = logging.getLogger("ackgate.adapters.sqs")
 
@@ -285,9 +284,7 @@ class SqsStreamProducer(SharedStreamProducer):
         try:
             from aiobotocore.session import get_session
         except ImportError as exc:
-            raise ImportError(
-                "SqsStreamProducer needs aiobotocore: pip install 'ackgate[sqs]'"
-            ) from exc
+            raise ImportError("ackgate-sqs needs aiobotocore: pip install 'ackgate[sqs]'") from exc
         self._stack = AsyncExitStack()
         self._client = await self._stack.enter_async_context(
             get_session().create_client("sqs", **self._client_args)

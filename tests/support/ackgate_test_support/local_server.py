@@ -2,7 +2,7 @@
 
 One way to do it everywhere: a free 127.0.0.1 port, the output in a log file, a
 readiness probe polled until a deadline, and on exit terminate, then kill.
-(Kafka has its own ``kafka/kafka_broker.py``: it also fetches and formats.)
+(Kafka has its own :mod:`ackgate_test_support.kafka_broker`: it also fetches and formats.)
 """
 
 from __future__ import annotations

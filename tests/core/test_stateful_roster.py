@@ -1,0 +1,311 @@
+"""Random interleavings on a rostered group whose broker redelivers (SPEC §7, §13).
+
+The main user's one non-negotiable, checked after every step: the broker never
+moves past an event unless every declared handler acked or rejected it. Concretely:
+
+* every advanced event's snapshot is the whole roster
+  (``acked + failed + rejected == len(ROSTER)``), so an event no member failed was
+  acked or rejected by each of them;
+* a subscriber is counted ``acked`` for a copy only if it was handed that copy, or
+  acked an earlier copy of the same event id in this group (redelivery, §13): the
+  ``acked`` count never exceeds the members that were handed the copy or an earlier
+  copy they did not reject or crash on;
+* a paused group broadcasts nothing: while a member is missing or force-failed,
+  the number of broadcast events does not grow;
+* ``GroupStats.missing`` names at least every member that is not attached.
+
+``ACKGATE_HYPOTHESIS_EXAMPLES`` sets the number of examples (default 2000; this
+machine runs a quarter of them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from ackgate import (
+    AckGateError,
+    AdvanceItem,
+    SharedStreamManager,
+    Subscription,
+)
+from ackgate.testing import FakeClock, ScriptedProducer
+
+EXAMPLES = max(1, int(os.environ.get("ACKGATE_HYPOTHESIS_EXAMPLES", "2000")) // 4)
+ROSTER = ("indexer", "auditor", "notifier")
+ACK_TIMEOUT = 100.0
+IDS = 4  # event ids are drawn from a small pool, so copies (redeliveries) are common
+
+
+class RedeliveringProducer(ScriptedProducer):
+    """Payload ``(event_id, copy)``; every advance is checked by the machine."""
+
+    def __init__(self, machine: RosterMachine) -> None:
+        super().__init__(lane=lambda payload: payload[0] % 2)
+        self.machine = machine
+
+    def get_event_id(self, broker_payload: Any) -> Hashable | None:
+        return broker_payload[0]
+
+    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        # Recorded, not raised: an exception here would only end the group.
+        self.machine.violations.extend(self.machine.check_advance(batch))
+        await super().advance(batch)
+
+
+class RosterMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.clock = FakeClock()
+        self.manager: SharedStreamManager | None = None
+        self.producer = RedeliveringProducer(self)
+        self.subs: dict[str, Subscription] = {}
+        #: Per member: the copy it is on, ``(event_id, copy)``.
+        self.on: dict[str, tuple[int, int] | None] = {}
+        #: (event_id, copy) -> members that moved past it or left cleanly while on it,
+        #: without rejecting it: the only ones that may have acked it.
+        self.closed_cleanly: dict[tuple[int, int], set[str]] = {}
+        #: (member, copy) pairs the member rejected.
+        self.rejected: set[tuple[str, tuple[int, int]]] = set()
+        self.copies = 0
+        self.seqs: list[int] = []
+        self.paused_broadcasts: int | None = None
+        #: Members whose last pull raised (force-failed): a supervisor re-subscribes them.
+        self.failed: set[str] = set()
+        self.violations: list[str] = []
+
+    # -- plumbing ------------------------------------------------------------------
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(asyncio.wait_for(coro, 5))
+
+    def settle(self) -> None:
+        async def turns() -> None:
+            for _ in range(40):
+                await asyncio.sleep(0)
+
+        self.run(turns())
+
+    def teardown(self) -> None:
+        try:
+            if self.manager is not None:
+                self.run(self.manager.aclose())
+        finally:
+            self.loop.close()
+
+    def close_window(self, name: str) -> None:
+        current = self.on.get(name)
+        if current is not None and (name, current) not in self.rejected:
+            self.closed_cleanly.setdefault(current, set()).add(name)
+        self.on[name] = None
+
+    # -- checks --------------------------------------------------------------------
+
+    def check_advance(self, batch: Sequence[AdvanceItem]) -> list[str]:
+        violations = []
+        for item in batch:
+            outcome = item.outcome
+            if outcome.acked + outcome.failed + outcome.rejected != len(ROSTER):
+                violations.append(f"{item.broker_payload}: snapshot is not the roster {outcome}")
+            copy = item.broker_payload
+            event_id, number = copy
+            # Copies are broadcast in the order they were fed, so only a member
+            # handed an earlier copy can have acked one before this copy came.
+            earlier = set().union(
+                *(
+                    names
+                    for (other_id, other_number), names in self.closed_cleanly.items()
+                    if other_id == event_id and other_number < number
+                )
+            )
+            bound = earlier | self.closed_cleanly.get(copy, set())
+            if outcome.acked > len(bound):
+                violations.append(f"{copy}: {outcome} but only {sorted(bound)} may have acked")
+        return violations
+
+    def broadcasts(self) -> int | None:
+        assert self.manager is not None
+        stats = self.manager.stats()
+        if not stats:
+            return None
+        return stats[0].outstanding + stats[0].advanced_events
+
+    # -- rules ---------------------------------------------------------------------
+
+    @initialize()
+    def start(self) -> None:
+        async def make() -> SharedStreamManager:
+            return SharedStreamManager(
+                ack_timeout=ACK_TIMEOUT, subscriber_queue_size=2, clock=self.clock
+            )
+
+        self.manager = self.run(make())
+        for name in ROSTER:  # a service starts with all its handlers
+            self.subscribe(name)
+
+    @rule(name=st.sampled_from(ROSTER))
+    def subscribe(self, name: str) -> None:
+        if name in self.subs:
+            return
+        manager, producer = self.manager, self.producer
+        assert manager is not None
+
+        async def subscribe() -> Subscription:
+            return manager.subscribe("key", name, producer=lambda: producer, roster=ROSTER)
+
+        self.subs[name] = self.run(subscribe())
+        self.on[name] = None
+        self.settle()
+
+    @rule(event_id=st.integers(0, IDS - 1))
+    def broker_delivers(self, event_id: int) -> None:
+        self.copies += 1
+        copy = (event_id, self.copies)
+        self.producer.feed(copy, copy)
+        self.settle()
+
+    @rule(name=st.sampled_from(ROSTER))
+    def pull(self, name: str) -> None:
+        sub = self.subs.get(name)
+        if sub is None:
+            return
+        self.close_window(name)  # before the pull: the advance it causes is checked at once
+        pulled = asyncio.ensure_future(anext(sub), loop=self.loop)
+        self.settle()
+        if not pulled.done():
+            pulled.cancel()
+            self.settle()
+            return
+        try:
+            copy = pulled.result()
+        except (AckGateError, StopAsyncIteration, asyncio.CancelledError):
+            self.on[name] = None
+            self.failed.add(name)
+            return
+        self.on[name] = copy
+
+    @rule()
+    def supervisor_resubscribes_the_failed(self) -> None:
+        for name in sorted(self.failed):
+            self.leave(name, crashed=False)
+            self.subscribe(name)
+        self.failed.clear()
+
+    @rule()
+    def everyone_pulls(self) -> None:
+        for name in ROSTER:
+            self.pull(name)
+
+    @rule(name=st.sampled_from(ROSTER))
+    def bind(self, name: str) -> None:
+        sub = self.subs.get(name)
+        if sub is None:
+            return
+
+        async def bind() -> int | None:
+            return sub.bind()
+
+        seq = self.run(bind())
+        if seq is not None:
+            self.seqs.append(seq)
+
+    @rule(data=st.data())
+    def confirm(self, data: st.DataObject) -> None:
+        if not self.seqs or self.manager is None:
+            return
+        seq = data.draw(st.sampled_from(self.seqs))
+        manager = self.manager
+
+        async def confirm() -> None:
+            manager.confirm_persisted([seq])
+
+        self.run(confirm())
+        self.settle()
+
+    @rule(name=st.sampled_from(ROSTER))
+    def reject(self, name: str) -> None:
+        sub = self.subs.get(name)
+        if sub is None:
+            return
+
+        async def reject() -> None:
+            sub.reject()
+
+        current = self.on.get(name)
+        if current is not None and name not in self.closed_cleanly.get(current, set()):
+            self.rejected.add((name, current))
+
+        self.run(reject())
+        self.settle()
+
+    @rule(name=st.sampled_from(ROSTER), crashed=st.booleans())
+    def leave(self, name: str, crashed: bool) -> None:
+        sub = self.subs.pop(name, None)
+        if sub is None:
+            return
+        if not crashed:
+            self.close_window(name)
+
+        async def leave() -> None:
+            if crashed:
+                try:
+                    async with sub:
+                        raise RuntimeError("handler crashed")
+                except RuntimeError:
+                    pass
+            else:
+                await sub.aclose()
+
+        self.run(leave())
+        self.on.pop(name, None)
+        if not self.subs:  # the group stopped; the next subscribe starts a new one
+            self.paused_broadcasts = None
+        self.settle()
+
+    @rule(seconds=st.sampled_from([1.0] * 9 + [ACK_TIMEOUT]))
+    def clock_advances(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+        self.settle()
+
+    # -- invariants ----------------------------------------------------------------
+
+    @invariant()
+    def every_advance_was_earned(self) -> None:
+        assert not self.violations, self.violations
+
+    @invariant()
+    def a_paused_group_broadcasts_nothing(self) -> None:
+        if self.manager is None:
+            return
+        stats = self.manager.stats()
+        if not stats:
+            self.paused_broadcasts = None
+            return
+        (group,) = stats
+        assert set(ROSTER) - set(self.subs) <= set(group.missing)
+        assert group.paused == bool(group.missing)
+        broadcast = group.outstanding + group.advanced_events
+        if group.paused:
+            if self.paused_broadcasts is not None:
+                assert broadcast == self.paused_broadcasts, "a paused group broadcast"
+            self.paused_broadcasts = broadcast
+        else:
+            self.paused_broadcasts = None
+
+
+RosterMachine.TestCase.settings = settings(
+    max_examples=EXAMPLES,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    report_multiple_bugs=False,
+    database=None,
+)
+test_rostered_random_interleavings = RosterMachine.TestCase
