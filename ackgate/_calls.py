@@ -170,6 +170,7 @@ class Calls:
     # -- running ------------------------------------------------------------------
 
     async def _slot(self) -> None:
+        slot = asyncio.current_task()
         ready = self._ready
         counters = self._counters
         try:
@@ -187,7 +188,7 @@ class Calls:
                     self._finished(job)
         finally:
             # At once, not in a done callback: a job submitted from now on needs a new slot.
-            self._slots.discard(asyncio.current_task())  # type: ignore[arg-type]
+            self._slots.discard(slot)
 
     def _finished(self, job: Job) -> None:
         """Caller: the slot that ran ``job``; it takes the next ready job, if any."""
