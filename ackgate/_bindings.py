@@ -6,9 +6,11 @@ persisted. The registry maps each sequence number to ``(subscription, event)``;
 the subscription counts its unconfirmed outputs per event (``_outputs``).
 
 An entry is *live* while its event is still in its subscription's ``_outputs``.
-When an event resolves another way (rejected, failed) its numbers go *stale*: they
-stay in the registry until confirmed or swept, so dropping them costs nothing on
-the hot path, and the sweep keeps the registry no larger than twice its live part.
+When an event resolves another way (rejected, failed, by any of its numbers or
+none) its numbers go *stale*: they stay in the registry until confirmed or swept,
+so dropping them costs nothing on the hot path, and the sweep keeps the registry
+no larger than twice its live part. When a group stops, its numbers go stale and
+are swept at once, so the registry never keeps a stopped group alive.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ackgate._group import Resolution
     from ackgate._log import Event
     from ackgate._subscription import Subscription
 
@@ -49,10 +52,33 @@ class OutputRegistry:
             if entry is not None and not entry[0]._output_confirmed(entry[1]):
                 self._stale -= 1
 
-    def abandoned(self, count: int) -> None:
-        """``count`` numbers went stale: their event resolved without them."""
+    def resolve(self, seqs: Iterable[object], how: Resolution, reason: str | None) -> None:
+        """Resolve the event each live number is bound to as ``how`` for its
+        subscriber (the first resolution wins). Anything else is ignored."""
+        gone = 0
+        for seq in seqs:
+            if type(seq) is not int:
+                continue
+            entry = self._by_seq.pop(seq, None)
+            if entry is None:
+                continue
+            others = entry[0]._output_resolved(entry[1], how, reason)
+            if others is None:
+                self._stale -= 1
+            else:
+                gone += others
+        self.abandoned(gone)
+
+    def abandoned(self, count: int, *, sweep: bool = False) -> None:
+        """``count`` numbers went stale: their event resolved without them.
+
+        ``sweep`` (a group stopped) drops every stale entry now, so none keeps its
+        subscription, and so its group, alive: O(registry) once per stop.
+        """
         self._stale += count
-        if self._stale >= _SWEEP_MINIMUM and 2 * self._stale >= len(self._by_seq):
+        if (sweep and self._stale > 0) or (
+            self._stale >= _SWEEP_MINIMUM and 2 * self._stale >= len(self._by_seq)
+        ):
             self._by_seq = {
                 seq: entry for seq, entry in self._by_seq.items() if entry[1] in entry[0]._outputs
             }

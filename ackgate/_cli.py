@@ -1,6 +1,6 @@
 """The ``ackgate`` command: ``ackgate demo`` runs the whole pipeline on the embedded broker,
-``ackgate adapters`` lists the installed broker adapters, ``ackgate --version``, and
-``ackgate run MODULE:ATTR`` runs services (:mod:`ackgate._run`).
+``ackgate run MODULE:ATTR`` runs services (:mod:`ackgate._run`), ``ackgate adapters``
+lists the installed broker adapters, ``ackgate --version``.
 
 For the demo this module is the command line around the run in :mod:`ackgate._demo`:
 it parses and checks the options, shows progress bars while the run goes and prints
@@ -138,12 +138,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     parser = _parser()
     opts = parser.parse_args(argv)
-    if opts.command == "run":
-        return run_command(opts)
     if opts.command == "adapters":
         for line in _adapter_lines():
             print(line)
         return 0
+    if opts.command == "run":
+        return run_command(opts)
     if opts.crash_at is not None:
         if "notifier" not in opts.handlers:
             parser.error("--crash-at needs the notifier among --handlers")

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -53,6 +54,7 @@ class GroupConfig:
     max_concurrent_advances: int
     overflow: Literal["fail", "block"]
     clock: Callable[[], float]
+    max_outstanding: int
 
 
 class Group:
@@ -73,15 +75,21 @@ class Group:
         self.ack_mode = ack_mode
         self.bindings = bindings
         self.log = EventLog()
-        self.tracker = LaneTracker(config.max_concurrent_advances, self._advance_failed)
+        self.tracker = LaneTracker(
+            config.max_concurrent_advances, self._advance_failed, config.max_outstanding
+        )
         #: Live subscriptions by id, force-failed ones included, until they leave.
         self.members: dict[Hashable, Subscription] = {}
         #: Members not force-failed: the next event's snapshot.
         self.active: set[Subscription] = set()
         #: Subscriptions that left while outputs they bound were still unconfirmed.
         self.departed: set[Subscription] = set()
-        #: Futures of subscriptions waiting for the next event.
-        self.waiters: list[asyncio.Future[None]] = []
+        #: Futures of subscriptions waiting for the next event. Invariant: at most one
+        #: per subscription (a pull removes its own, however it ends), so cancelled
+        #: pulls on an idle stream do not pile up.
+        self.waiters: set[asyncio.Future[None]] = set()
+        #: Subscriptions created so far: the next one's subscription order (SPEC §8).
+        self.joins = 0
         self.blocked = False  # the poll waits for room (overflow="block", rostered groups)
         self.room = asyncio.Event()
         #: Rostered groups: set while every roster member is attached and not
@@ -103,11 +111,18 @@ class Group:
         #: Later ones may be resolved already; they go when they reach the front.
         self.unresolved: deque[Event] = deque()
         self._timer_wakeup: asyncio.Future[None] | None = None
+        #: The clock's own way to wait for a deadline (``FakeClock.sleep_until``), if any.
+        self._sleep_until: Callable[[float], Awaitable[None]] | None = getattr(
+            config.clock, "sleep_until", None
+        )
         self._producer: SharedStreamProducer | None = None
         #: Who acked which event ids, to skip them on a redelivered copy (SPEC §13).
         self.redelivery = RedeliveryMemory(_REMEMBERED_EVENT_IDS)
         self.redeliveries_skipped = 0
         self.redeliveries_skipped_by: dict[Hashable, int] = {}
+        #: Set once the poll no longer reads the upstream (it ended, or is closing the
+        #: stream): from then on the stop must not cancel it, so the stream's
+        #: ``finally`` runs to its end.
         self._poll_exited = False
         self.stop_task: asyncio.Task[None] | None = None
         self._get_event_id: Callable[[Any], Hashable] | None = None
@@ -120,6 +135,8 @@ class Group:
 
     def join(self, subscription: Subscription) -> None:
         subscription._bit = self.redelivery.bit(subscription.subscriber_id)
+        subscription._order = self.joins
+        self.joins += 1
         self.members[subscription.subscriber_id] = subscription
         self.active.add(subscription)
         self._check_health()
@@ -216,13 +233,21 @@ class Group:
         if event.pending == 0:
             self._resolved(event)
 
-    def resolve(self, event: Event, how: Resolution) -> None:
-        """One subscriber in ``event``'s snapshot failed or rejected it."""
+    def resolve(
+        self, event: Event, how: Resolution, reason: str | None = None, by: int = 0
+    ) -> None:
+        """One subscriber in ``event``'s snapshot failed or rejected it.
+
+        A reject ``reason`` is kept for the outcome, ordered by ``by``: the
+        rejecting subscription's order (``Subscription._order``).
+        """
         assert event.pending > 0, "resolved more often than its snapshot allows"
         if how == "failed":
             event.failed += 1
         else:
             event.rejected += 1
+            if reason is not None:
+                self.tracker.reasons.setdefault(event, []).append((by, reason))
         event.pending -= 1
         if event.pending == 0:
             self._resolved(event)
@@ -314,6 +339,9 @@ class Group:
         )
 
     async def _watch_timeouts(self) -> None:
+        """Expire the oldest unresolved event when it falls due, without waiting for
+        a pull or a broadcast to notice. Waits through the clock's ``sleep_until``
+        when it has one (a fake clock fires it when moved), else on the loop's time."""
         loop = asyncio.get_running_loop()
         while True:
             unresolved = self.unresolved
@@ -321,10 +349,18 @@ class Group:
                 self._timer_wakeup = loop.create_future()
                 await self._timer_wakeup
                 continue
-            delay = unresolved[0].broadcast_at + self.ack_timeout - self.clock()
-            if delay > 0:
-                # Re-checked at least hourly, so an infinite ack_timeout is fine too.
-                await asyncio.sleep(min(delay, 3600.0))
+            first = unresolved[0].broadcast_at
+            now = self.clock()
+            if now - first < self.ack_timeout:  # not due, by the same test as ``expire``
+                # Rounding may put ``first + ack_timeout`` at or before ``now`` while
+                # the event is not due yet: then wait for the clock to move at all.
+                deadline = max(first + self.ack_timeout, math.nextafter(now, math.inf))
+                if self._sleep_until is not None:
+                    await self._sleep_until(deadline)
+                else:
+                    # Re-checked at least hourly, so an infinite ack_timeout is fine too.
+                    await asyncio.sleep(min(deadline - now, 3600.0))
+                continue
             self.expire()
 
     # -- polling and fan-out -------------------------------------------------------
@@ -338,7 +374,7 @@ class Group:
                 await asyncio.sleep(self._config.cohort_grace_period)
             stream, get_lane = self._open()
         except asyncio.CancelledError:
-            raise
+            raise  # only the stop cancels the poll before the stream opens
         except Exception as exc:
             self._poll_exited = True
             self.terminate(StreamTerminated, f"the factory failed: {exc!r}", exc)
@@ -348,6 +384,8 @@ class Group:
         fairness = max(1, self._queue_size // 4)
         blocking = self._config.overflow == "block" or roster is not None
         ack_mode = self.ack_mode
+        tracker = self.tracker
+        max_outstanding = tracker.max_outstanding
         since_yield = 0
         try:
             async for item in stream:
@@ -372,19 +410,30 @@ class Group:
                     if roster is not None and not await self._until_healthy():
                         break
                     self._broadcast(raw, payload, lane_key, event_id)
+                    if tracker.outstanding >= max_outstanding:
+                        assert tracker.outstanding == max_outstanding, "over max_outstanding"
+                        # SPEC §9: pull nothing more until advances make room.
+                        await tracker.wait_for_room()
+                        if self.terminal is not None:
+                            break
                 since_yield += 1
                 if since_yield >= fairness:
                     since_yield = 0
                     await asyncio.sleep(0)
             else:
-                self._poll_exited = True
                 self.terminate(StreamTerminated, "the upstream ended")
-        except asyncio.CancelledError:
-            raise
+        except asyncio.CancelledError as exc:
+            if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                raise  # the stop cancelled the poll
+            # Raised by the upstream itself, not by a cancellation of this task: a
+            # failure like any other, or the group would stall silently.
+            self._upstream_failed(exc)
         except Exception as exc:
-            self._poll_exited = True
-            self.terminate(StreamTerminated, f"the upstream failed: {exc!r}", exc)
+            self._upstream_failed(exc)
         finally:
+            # From here on the stop must not cancel the poll: that would cut the
+            # stream's own ``finally`` short (SPEC §2 promises it runs).
+            self._poll_exited = True
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
                 await aclose()
@@ -403,6 +452,15 @@ class Group:
                 return True
             await self._healthy.wait()
         return False
+
+    def _upstream_failed(self, exc: BaseException) -> None:
+        if isinstance(exc, asyncio.CancelledError):
+            logger.error(
+                "the upstream raised CancelledError itself; the group ends key=%r",
+                self.key,
+                exc_info=exc,
+            )
+        self.terminate(StreamTerminated, f"the upstream failed: {exc!r}", exc)
 
     def _open(self) -> tuple[Any, Callable[[Any], Hashable] | None]:
         made = self._factory()
@@ -468,7 +526,7 @@ class Group:
             for waiter in waiters:
                 if not waiter.done():
                     waiter.set_result(None)
-            waiters.clear()
+            waiters.clear()  # each pull also discards its own: see ``waiters``
 
     def _carry_over(self, event: Event, acked_before: int) -> None:
         """A redelivered copy: who acked an earlier copy is counted acked at once."""
@@ -520,6 +578,23 @@ class Group:
 
     # -- ending --------------------------------------------------------------------
 
+    def _abandon_bindings(self) -> None:
+        """The group stopped: what is unresolved now is abandoned to redelivery.
+
+        Outputs bound to its events can never count any more, and a member still
+        on an event binds nothing more to it (``bind`` returns ``None``), so no
+        number keeps the stopped group alive. Nothing expires any more either.
+        """
+        self.unresolved.clear()
+        abandoned = 0
+        for sub in [*self.members.values(), *self.departed]:
+            abandoned += sum(sub._outputs.values())
+            sub._outputs.clear()
+            if sub._current is not None:
+                sub._current_resolved = True
+        self.departed.clear()
+        self.bindings.abandoned(abandoned, sweep=True)
+
     def _advance_failed(self, exc: BaseException) -> None:
         logger.error("advance raised; the group ends key=%r", self.key, exc_info=exc)
         self.terminate(AdvanceFailed, f"the producer's advance failed: {exc!r}", exc)
@@ -558,6 +633,10 @@ class Group:
     async def _stop(self, reason: str) -> None:
         """Polling ends, resolved prefixes are advanced, the producer is closed once.
 
+        On the way the tracker halts (no advance is in flight or starts after it)
+        and the bindings of outputs never confirmed are abandoned, so the output
+        registry does not keep the stopped group alive.
+
         Cancellation (only if the loop itself is torn down) skips the remaining
         advances; the producer is still closed.
         """
@@ -571,6 +650,7 @@ class Group:
             await self.tracker.drain()
         finally:
             self.tracker.halt()
+            self._abandon_bindings()
             if self._producer is not None:
                 try:
                     await self._producer.aclose()

@@ -122,18 +122,22 @@ class HandlerStats:
 
     Messages abandoned by a stop, a restart or an ack timeout (left to redelivery)
     count in none of ``handled``, ``rejected`` and ``failed``.
+
+    Attributes:
+        id: The handler id.
+        handled: Acked: the call returned (for a batch handler, not rejected by its
+            result).
+        rejected: Rejected: ``Reject`` raised, or returned for it by a batch handler.
+        failed: Failed after every attempt: the broker redelivers them.
+        retried: Retries made (a call of 3 attempts on a batch of 10 counts 20).
+        in_progress: Messages in a handler call right now (retry backoffs included).
     """
 
     id: str
-    #: Acked: the call returned (for a batch handler, not rejected by its result).
     handled: int
-    #: Rejected: ``Reject`` raised, or returned for it by a batch handler.
     rejected: int
-    #: Failed after every attempt: the broker redelivers them.
     failed: int
-    #: Retries made (a call of 3 attempts on a batch of 10 counts 20).
     retried: int
-    #: Messages in a handler call right now (retry backoffs included).
     in_progress: int
 
 

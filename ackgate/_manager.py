@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import threading
 import time
@@ -16,7 +17,7 @@ from ackgate._group import Group, GroupConfig
 from ackgate._producer import SharedStreamProducer
 from ackgate._runner import Handler, Sink, drive
 from ackgate._stats import GroupStats
-from ackgate._subscription import Subscription
+from ackgate._subscription import Subscription, _check_reason
 
 
 def _check_number(name: str, value: object, *, minimum: float, inclusive: bool) -> float:
@@ -43,7 +44,18 @@ class SharedStreamManager:
     group: polling is cancelled, resolved events are advanced, producers closed.
     All arguments are keyword-only and validated at once (``ValueError`` naming
     the argument). ``clock`` is the monotonic time source used for ack timeouts and
-    ages; tests inject a fake one.
+    ages; tests inject a fake one. A clock object may also offer
+    ``sleep_until(deadline) -> Awaitable[None]``, resolved once ``clock() >=
+    deadline``: the ack-timeout timers then wait through it, so moving a fake clock
+    fires them (``ackgate.testing.FakeClock`` does this); otherwise they sleep on
+    the event loop's time.
+
+    ``max_outstanding`` (SPEC §9) caps the events a group holds broadcast and not
+    yet advanced: at the cap the group stops pulling the upstream until advances
+    make room, whatever is slow (a subscriber, unconfirmed outputs, ``advance``
+    itself). Backpressure, not failure. A subscriber that waits for more events
+    before it confirms what it bound (confirming in batches) must use batches
+    smaller than this, or it waits until the ack timeout.
     """
 
     def __init__(
@@ -55,6 +67,7 @@ class SharedStreamManager:
         max_concurrent_advances: int = 1,
         overflow: Literal["fail", "block"] = "fail",
         clock: Callable[[], float] = time.monotonic,
+        max_outstanding: int = 65536,
     ) -> None:
         if overflow not in ("fail", "block"):
             raise ValueError(f'overflow must be "fail" or "block", got {overflow!r}')
@@ -73,6 +86,7 @@ class SharedStreamManager:
             ),
             overflow=overflow,
             clock=clock,
+            max_outstanding=_check_int("max_outstanding", max_outstanding, minimum=1),
         )
         self._groups: dict[Hashable, Group] = {}
         self._stopping: set[Group] = set()
@@ -172,16 +186,54 @@ class SharedStreamManager:
         Accepts any iterable; items that are unknown or stale numbers, or not
         ints at all, are ignored. A non-iterable is a ``TypeError``. Safe to call
         from any task, and from other threads (the call is handed to the
-        manager's loop).
+        manager's loop; once that loop is closed, the call does nothing).
         """
         if not isinstance(seqs, Iterable):
             raise TypeError(f"confirm_persisted takes an iterable of ints, got {seqs!r}")
-        if self._loop is None:
-            return
-        if threading.get_ident() != self._loop_thread:
-            self._loop.call_soon_threadsafe(self._bindings.confirm, list(seqs))
-            return
-        self._bindings.confirm(seqs)
+        if self._in_loop(self._bindings.confirm, seqs):
+            self._bindings.confirm(seqs)
+
+    def reject_bound(self, seqs: Iterable[int], reason: str | None = None) -> None:
+        """Reject the events these outputs are bound to (SPEC §8).
+
+        The event each live number is bound to resolves as ``rejected`` for the
+        subscriber that bound it, at once: whether its window is still open or
+        closed, and after the subscriber left. The first resolution of an event
+        for a subscriber wins: later calls for it, and its other numbers, do
+        nothing. ``reason`` (a ``str``, else ``TypeError``) reaches the producer as
+        ``"<subscriber_id>: <reason>"`` in ``AdvanceOutcome.reasons``. Accepts any
+        iterable; unknown or stale numbers and non-ints are ignored. Safe to call
+        from any task and from other threads, as :meth:`confirm_persisted`.
+        """
+        if not isinstance(seqs, Iterable):
+            raise TypeError(f"reject_bound takes an iterable of ints, got {seqs!r}")
+        _check_reason(reason)
+        if self._in_loop(self._bindings.resolve, seqs, "rejected", reason):
+            self._bindings.resolve(seqs, "rejected", reason)
+
+    def fail_bound(self, seqs: Iterable[int]) -> None:
+        """Fail the events these outputs are bound to (SPEC §8): as
+        :meth:`reject_bound`, but each resolves as ``failed`` for its subscriber,
+        so the broker redelivers it."""
+        if not isinstance(seqs, Iterable):
+            raise TypeError(f"fail_bound takes an iterable of ints, got {seqs!r}")
+        if self._in_loop(self._bindings.resolve, seqs, "failed", None):
+            self._bindings.resolve(seqs, "failed", None)
+
+    def _in_loop(self, call: Callable[..., None], seqs: Iterable[int], *args: Any) -> bool:
+        """True if the caller is on the manager's loop and should ``call`` itself.
+
+        From another thread, hands ``call`` to the loop instead; a loop that never
+        ran or is closed already has nothing to resolve, so the call is dropped.
+        """
+        loop = self._loop
+        if loop is None:
+            return False
+        if threading.get_ident() == self._loop_thread:
+            return True
+        with contextlib.suppress(RuntimeError):  # the loop is closed: all numbers are stale
+            loop.call_soon_threadsafe(call, list(seqs), *args)
+        return False
 
     # -- the runner ----------------------------------------------------------------
 

@@ -17,22 +17,29 @@ class Message:
     The same object is handed to every handler of a service: treat it (and its
     ``headers``) as read-only. Its ``repr`` names the message but never shows the
     body, so it is safe in logs.
+
+    Attributes:
+        body: The payload, as the broker stored it.
+        id: The broker's id: Kafka ``topic/partition/offset``, SQS ``MessageId``,
+            Pub/Sub ``message_id``, Service Bus ``message_id``, memory
+            ``topic/partition/offset``.
+        key: The broker's message key (Kafka key, SQS FIFO group, Pub/Sub ordering
+            key, Service Bus session), if any.
+        headers: The message's headers (Kafka headers, SQS message attributes,
+            Pub/Sub attributes, Service Bus application properties) as bytes.
+        lane: ``producer.get_advance_lane(payload)``: the unit of ``ordering="lane"``.
+        attempt: How many times the broker has delivered it, where the broker
+            counts that (SQS, Pub/Sub with a dead-letter policy, Service Bus);
+            ``None`` elsewhere (Kafka, memory).
+        raw: The adapter's native object (a Kafka record, an SQS message dict, ...).
     """
 
-    #: The payload, as the broker stored it.
     body: bytes
-    #: The broker's id: Kafka ``topic/partition/offset``, SQS ``MessageId``, Pub/Sub
-    #: ``message_id``, Service Bus ``message_id``, memory ``topic/partition/offset``.
     id: str
-    #: The broker's message key (Kafka key, SQS FIFO group, Pub/Sub ordering key,
-    #: Service Bus session), if any.
     key: bytes | None = None
     headers: Mapping[str, bytes] = field(default_factory=lambda: _NO_HEADERS)
-    #: ``producer.get_advance_lane(payload)``: the unit of ``ordering="lane"``.
     lane: Hashable = None
-    #: How many times the broker has delivered it, where the broker counts that.
     attempt: int | None = None
-    #: The adapter's native object (a Kafka record, an SQS message dict, ...).
     raw: Any = None
 
     def __repr__(self) -> str:

@@ -11,12 +11,17 @@ class AdvanceOutcome:
     """How the subscribers in an event's snapshot resolved it.
 
     Every subscriber in the snapshot is counted in exactly one field, so
-    ``acked + failed + rejected`` is the snapshot size.
+    ``acked + failed + rejected`` is the snapshot size. ``reasons`` holds one
+    ``"<subscriber_id>: <reason>"`` per rejecting subscriber that gave a reason,
+    in subscription order (the order in which the group's subscriptions were
+    created by ``subscribe``; one that leaves and subscribes again counts from its
+    new ``subscribe``). Write them into the dead-letter record.
     """
 
     acked: int
     failed: int
     rejected: int
+    reasons: tuple[str, ...] = ()
 
     @property
     def is_clean(self) -> bool:

@@ -37,16 +37,21 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 @dataclass(frozen=True, slots=True)
 class ServiceStats:
-    """A snapshot of a service, as returned by :meth:`Service.stats`."""
+    """A snapshot of a service, as returned by :meth:`Service.stats`.
+
+    Attributes:
+        key: The service's key.
+        state: ``"new"`` (before ``run()``), ``"running"`` or ``"stopped"``.
+        group: The group's statistics; ``None`` while no group is live (before
+            ``run()``, during a restart backoff, after the stop).
+        handlers: Per handler id, in registration order.
+        restarts: Times the group was restarted after it ended.
+    """
 
     key: Hashable
     state: Literal["new", "running", "stopped"]
-    #: The group's statistics; ``None`` while no group is live (before ``run()``,
-    #: during a restart backoff, after the stop).
     group: GroupStats | None
-    #: Per handler id, in registration order.
     handlers: Mapping[str, HandlerStats]
-    #: Times the group was restarted after it ended.
     restarts: int
 
 

@@ -9,27 +9,43 @@ from typing import Literal
 
 @dataclass(frozen=True, slots=True)
 class GroupStats:
-    """A snapshot of one live group, as returned by ``SharedStreamManager.stats()``."""
+    """A snapshot of one live group, as returned by ``SharedStreamManager.stats()``.
+
+    Cheap enough to poll every second.
+
+    Attributes:
+        key: The group's key.
+        mode: ``"ack"`` (subscribed with ``producer=``) or ``"fast"`` (``source=``).
+        subscribers: Live subscriptions that are not force-failed.
+        outstanding: Events broadcast and not yet advanced (ack mode; 0 on the fast
+            path). Never more than the manager's ``max_outstanding``.
+        lanes: Lanes with outstanding events.
+        oldest_outstanding_age: Seconds since the oldest outstanding event was
+            broadcast; ``0.0`` when none. A value that keeps growing means an event
+            no one resolves: it is held until the ack timeout.
+        advanced_events: Events handed to ``advance`` so far, in total.
+        advance_calls: ``advance`` calls so far (events per call is the batching).
+        failed_subscribers: Live subscriptions that were force-failed (ack timeout,
+            overflow) and have not left yet.
+        paused: Rostered groups: broadcasting nothing new because a member is not
+            healthy (not attached, or force-failed). Always ``False`` for dynamic
+            groups.
+        missing: Rostered groups: the roster members not attached or force-failed,
+            in roster order; ``()`` for dynamic groups.
+        redeliveries_skipped: Deliveries saved (SPEC §13): redelivered copies
+            counted acked at once for subscribers that had acked an earlier copy,
+            instead of handed to them again.
+    """
 
     key: Hashable
     mode: Literal["ack", "fast"]
-    #: Live subscriptions that are not force-failed.
     subscribers: int
-    #: Events broadcast and not yet advanced (ack mode; 0 on the fast path).
     outstanding: int
-    #: Lanes with outstanding events.
     lanes: int
-    #: Seconds since the oldest outstanding event was broadcast; 0.0 when none.
     oldest_outstanding_age: float
     advanced_events: int
     advance_calls: int
-    #: Live subscriptions that were force-failed and have not left yet.
     failed_subscribers: int
-    #: Rostered groups: broadcasting nothing new because a member is not healthy.
     paused: bool = False
-    #: Rostered groups: the roster members not attached or force-failed, in roster
-    #: order; ``()`` for dynamic groups.
     missing: tuple[Hashable, ...] = ()
-    #: Deliveries saved (SPEC §13): redelivered copies counted acked at once for
-    #: subscribers that had acked an earlier copy, instead of handed to them again.
     redeliveries_skipped: int = 0

@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ackgate._group import Group
+    from ackgate._group import Group, Resolution
     from ackgate._log import Event
 
 logger = logging.getLogger("ackgate.subscription")
@@ -27,18 +27,26 @@ _current_subscription: ContextVar[Subscription | None] = ContextVar(
 )
 
 
-def reject_shared_stream_event() -> None:
+def reject_shared_stream_event(reason: str | None = None) -> None:
     """Reject the event the calling task is on: it resolves as ``rejected`` at once.
 
     Call it from the task iterating the subscription (or from code that task
-    awaits). Outside an ack-mode window it logs a warning and does nothing; on an
-    event already resolved for this subscriber it does nothing.
+    awaits). ``reason`` (a ``str``, else ``TypeError``) reaches the producer as
+    ``"<subscriber_id>: <reason>"`` in the event's ``AdvanceOutcome.reasons``.
+    Outside an ack-mode window it logs a warning and does nothing; on an event
+    already resolved for this subscriber it does nothing.
     """
+    _check_reason(reason)
     subscription = _current_subscription.get()
     if subscription is None:
         logger.warning("reject_shared_stream_event() called outside a shared stream window")
         return
-    subscription.reject()
+    subscription.reject(reason)
+
+
+def _check_reason(reason: object) -> None:
+    if reason is not None and not isinstance(reason, str):
+        raise TypeError(f"reason must be a str or None, got {type(reason).__name__}")
 
 
 class Subscription:
@@ -72,6 +80,9 @@ class Subscription:
         self._waiter: asyncio.Future[None] | None = None
         #: This subscriber id's bit in the group's redelivery memory (None: none).
         self._bit: int | None = None
+        #: Subscription order: how many subscriptions the group had before this one
+        #: (set by ``Group.join``). Orders the reject reasons of an outcome.
+        self._order = 0
 
     def __repr__(self) -> str:
         return f"<Subscription key={self.key!r} subscriber_id={self.subscriber_id!r}>"
@@ -119,11 +130,13 @@ class Subscription:
                     break
                 continue  # counted acked at broadcast: it acked an earlier copy
             waiter = self._waiter = asyncio.get_running_loop().create_future()
-            group.waiters.append(waiter)
+            waiters = group.waiters
+            waiters.add(waiter)
             try:
                 await waiter
             finally:
                 self._waiter = None
+                waiters.discard(waiter)  # gone already unless this pull was cancelled
             if self._left:
                 raise StopAsyncIteration
         if group.blocked:
@@ -151,6 +164,27 @@ class Subscription:
             self._group.resolve_acked(event, self)
         # Otherwise the last confirmation resolves it (``_output_confirmed``).
 
+    def _output_resolved(self, event: Event, how: Resolution, reason: str | None) -> int | None:
+        """Caller: the output registry (``reject_bound`` / ``fail_bound``). Resolves
+        this subscriber's part in ``event`` as ``how`` at once, open window or not,
+        left or not. Returns how many other numbers bound to ``event`` went stale,
+        or ``None`` if the event was no longer this subscriber's to resolve."""
+        count = self._outputs.pop(event, None)
+        if count is None:
+            return None
+        if event is self._current:
+            self._current_resolved = True
+        group = self._group
+        self._resolve(event, how, reason)
+        if self._left and not self._outputs:
+            group.departed.discard(self)
+        return count - 1
+
+    def _resolve(self, event: Event, how: Resolution, reason: str | None) -> None:
+        if reason is not None:
+            reason = f"{self.subscriber_id}: {reason}"
+        self._group.resolve(event, how, reason, self._order)
+
     def _output_confirmed(self, event: Event) -> bool:
         """Caller: the output registry. Returns False if the number was stale."""
         outputs = self._outputs
@@ -173,9 +207,11 @@ class Subscription:
     def bind(self) -> int | None:
         """Bind one derived output to the open window; return its sequence number.
 
-        Pass the number to ``manager.confirm_persisted`` once the output is stored.
-        Returns ``None`` outside ack mode, outside a window, or when this
-        subscriber's part in the open event is already resolved.
+        Pass the number to ``manager.confirm_persisted`` once the output is stored,
+        or to ``manager.reject_bound`` / ``manager.fail_bound`` to resolve the
+        event otherwise, possibly after moving on (SPEC §8). Returns ``None``
+        outside ack mode, outside a window, when this subscriber's part in the
+        open event is already resolved, or once the group stopped.
         """
         event = self._current
         if event is None or self._current_resolved:
@@ -184,12 +220,15 @@ class Subscription:
         outputs[event] = outputs.get(event, 0) + 1
         return self._registry.bind(self, event)
 
-    def reject(self) -> None:
+    def reject(self, reason: str | None = None) -> None:
         """Resolve the open event as ``rejected`` now; nothing bound to it counts any more.
 
+        ``reason`` (a ``str``, else ``TypeError``) reaches the producer as
+        ``"<subscriber_id>: <reason>"`` in the event's ``AdvanceOutcome.reasons``.
         Outside an ack-mode window: a warning, nothing else. On an event already
         resolved for this subscriber: nothing.
         """
+        _check_reason(reason)
         event = self._current
         if event is None or self._left:
             logger.warning(
@@ -202,7 +241,7 @@ class Subscription:
             return
         self._current_resolved = True
         self._registry.abandoned(self._outputs.pop(event, 0))
-        self._group.resolve(event, "rejected")
+        self._resolve(event, "rejected", reason)
 
     # -- leaving -----------------------------------------------------------------
 

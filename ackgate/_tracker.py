@@ -13,7 +13,10 @@ Invariants:
 * batches leave a lane from its front only, so within a lane events are advanced
   in fan-out order and each batch is a contiguous prefix;
 * after ``halt()`` (an advance raised, or the group is torn down) no new batch is
-  started on any lane.
+  started on any lane, and no worker is created;
+* ``outstanding <= max_outstanding`` (SPEC §9): the group's poll waits in
+  :meth:`LaneTracker.wait_for_room` before it broadcasts more
+  (``tests/core/test_max_outstanding.py``).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ _outcomes: dict[tuple[int, int, int], AdvanceOutcome] = {}
 
 
 def _outcome(acked: int, failed: int, rejected: int) -> AdvanceOutcome:
-    """Outcomes are immutable and few distinct ones occur: share them."""
+    """Outcomes are immutable and few distinct ones occur: share them (no reasons)."""
     key = (acked, failed, rejected)
     outcome = _outcomes.get(key)
     if outcome is None:
@@ -68,9 +71,19 @@ class LaneTracker:
         self,
         max_concurrent_advances: int,
         on_advance_error: Callable[[BaseException], None],
+        max_outstanding: int,
     ) -> None:
         self.lanes: dict[Hashable, Lane] = {}
-        self.outstanding = 0  # events broadcast and not yet advanced
+        #: Events broadcast and not yet advanced. Invariant: ``<= max_outstanding``
+        #: (the poll waits for room before it broadcasts one more).
+        self.outstanding = 0
+        self.max_outstanding = max_outstanding
+        #: Reject reasons of events not advanced yet, as ``(subscription order,
+        #: "<subscriber_id>: <reason>")``. Only events rejected with a reason have an
+        #: entry, so the common case costs nothing per event.
+        self.reasons: dict[Event, list[tuple[int, str]]] = {}
+        #: Set while the poll waits for ``outstanding`` to drop below the limit.
+        self._room: asyncio.Future[None] | None = None
         self.advanced_events = 0
         self.advance_calls = 0
         self.in_flight_calls = 0
@@ -130,14 +143,23 @@ class LaneTracker:
             assert batch, "a ready lane has a resolved first event"
             lane.in_flight = batch
             self.in_flight_calls += 1
-            items = [_item(e.payload, _outcome(e.acked, e.failed, e.rejected)) for e in batch]
+            if self.reasons:
+                items = [_item(e.payload, self._outcome_of(e)) for e in batch]
+            else:
+                items = [_item(e.payload, _outcome(e.acked, e.failed, e.rejected)) for e in batch]
             try:
                 await producer.advance(items)
+            except asyncio.CancelledError as exc:
+                self.in_flight_calls -= 1
+                if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                    self._check_quiet()
+                    raise  # the group's own cancellation (drain, loop teardown)
+                # Raised by advance() itself: a failure like any other, not a stop.
+                self._failed(exc)
+                return
             except Exception as exc:
                 self.in_flight_calls -= 1
-                self.halt()
-                self._on_advance_error(exc)
-                self._check_quiet()
+                self._failed(exc)
                 return
             except BaseException:
                 self.in_flight_calls -= 1
@@ -148,6 +170,8 @@ class LaneTracker:
             advanced = len(batch)
             self.advanced_events += advanced
             self.outstanding -= advanced
+            if self._room is not None:
+                self._wake_poll()
             lane.in_flight = None
             # An idle worker must hold no events (nor their payloads).
             del batch, items
@@ -156,13 +180,28 @@ class LaneTracker:
                     self._maybe_ready(lane)
             else:
                 self._idle_lanes += 1
-                if self._idle_lanes > _IDLE_LANES_KEPT:
+                if self._idle_lanes > _IDLE_LANES_KEPT and 2 * self._idle_lanes > len(self.lanes):
                     self._forget_idle_lanes()
             self._check_quiet()
 
+    def _outcome_of(self, event: Event) -> AdvanceOutcome:
+        reasons = self.reasons.pop(event, None)
+        if reasons is None:
+            return _outcome(event.acked, event.failed, event.rejected)
+        reasons.sort()  # subscription order
+        texts = tuple(text for _, text in reasons)
+        return AdvanceOutcome(event.acked, event.failed, event.rejected, texts)
+
+    def _failed(self, exc: BaseException) -> None:
+        self.halt()
+        self._on_advance_error(exc)
+        self._check_quiet()
+
     def _forget_idle_lanes(self) -> None:
-        """Drop empty lanes, a few thousand at a time: lanes are reused while they
-        are busy, and the dict stays bounded when lane keys never repeat (SQS)."""
+        """Drop empty lanes once they are both thousands and half of the dict: lanes
+        are reused while they are busy, and the dict stays bounded (by twice the
+        lanes with outstanding events, at most ``max_outstanding``) when lane keys
+        never repeat (SQS). Amortized O(1) per advanced lane."""
         self.lanes = {
             key: lane
             for key, lane in self.lanes.items()
@@ -182,24 +221,56 @@ class LaneTracker:
                 self._maybe_ready(lane)
 
     def halt(self) -> None:
-        """Start no further batch on any lane. Calls in flight run to completion."""
+        """Start no further batch (nor worker) on any lane. Calls in flight run to
+        completion. Wakes a poll waiting for room: nothing will make room any more."""
         self.halted = True
         self._ready.clear()
         self._check_quiet()
+        self._wake_poll()
 
     async def drain(self) -> None:
         """Wait until every resolved prefix is advanced (or the tracker halted) and
-        no call is in flight, then stop the workers.
+        no call is in flight, then halt and stop the workers: on return no call is in
+        flight, none will start, and no worker task is left.
 
-        Cancellation: the workers are cancelled with the caller.
+        Resolutions that land while this waits are advanced too; later ones are not.
+        Cancellation: the tracker halts and the workers are cancelled with the
+        caller (a call in flight is cancelled then: only on loop teardown).
         """
         try:
-            await self._quiet.wait()
+            # A resolution can make a lane ready between the wake-up and this task
+            # running: wait again until quiet holds when this task looks.
+            while not self._quiet.is_set():
+                await self._quiet.wait()
         finally:
+            # Halting first, in the same step that saw quiet: no call is in flight and
+            # no new worker can start while the idle ones are cancelled below.
+            self.halt()
             for task in list(self._workers):
                 task.cancel()
             if self._workers:
                 await asyncio.gather(*self._workers, return_exceptions=True)
+        assert not self._workers and self.in_flight_calls == 0
+
+    async def wait_for_room(self) -> None:
+        """Caller: the poll, at ``max_outstanding``. Returns once an advance brought
+        ``outstanding`` below the limit, or the tracker halted.
+
+        Cancellation: returns nothing, changes nothing (the group's stop cancels it).
+        """
+        while self.outstanding >= self.max_outstanding and not self.halted:
+            room = self._room = asyncio.get_running_loop().create_future()
+            try:
+                await room
+            finally:
+                self._room = None
+
+    def _wake_poll(self) -> None:
+        room = self._room
+        if room is not None and not room.done() and (
+            self.halted or self.outstanding < self.max_outstanding
+        ):
+            room.set_result(None)
 
     def oldest_broadcast_at(self) -> float | None:
         oldest: float | None = None

@@ -10,6 +10,13 @@ when it is called. Invariants (SPEC §2, §3, §6):
   with outcome counts equal to the model's (so they sum to the snapshot size);
 * at most one advance in flight per lane and at most ``max_concurrent_advances``
   overall; nothing is advanced after an advance raised;
+* outputs resolved later (§8): ``confirm_persisted``, ``reject_bound`` and
+  ``fail_bound`` resolve the bound event for its subscriber, the first one wins,
+  and each outcome's ``reasons`` are the rejecting subscribers' reasons in
+  subscription order;
+* §9: at most ``max_outstanding`` events are broadcast and not advanced; the poll
+  pulls an event only while below it, and is never held back while below it;
+* §11: moving the fake clock expires what fell due, with no pull or broadcast;
 * liveness: when a group stops, every event resolved before the stop whose lane
   predecessors were resolved too has been advanced.
 
@@ -21,7 +28,8 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,11 +49,12 @@ from ackgate import (
 from ackgate.testing import FakeClock, ScriptedProducer
 
 EXAMPLES = int(os.environ.get("ACKGATE_HYPOTHESIS_EXAMPLES", "2000"))
-# Ack timeout in fake seconds. The fake clock drives every expiry; the real-time
-# timer would sleep this long (capped at an hour), so it never fires in a test.
+# Ack timeout in fake seconds. The fake clock drives every expiry: moving it fires
+# each group's timer (SPEC §11), and pulls and broadcasts notice it too.
 ACK_TIMEOUT = 1e6
 QUEUE_SIZE = 3
 NAMES = ("s0", "s1", "s2")
+REASONS = (None, "bad row", "poison")
 
 
 @dataclass
@@ -55,6 +64,8 @@ class MEvent:
     broadcast_at: float
     snapshot: set[str]
     resolved: dict[str, str] = field(default_factory=dict)
+    #: Reject reasons by token: (subscription order, "<subscriber_id>: <reason>").
+    reasons: dict[str, tuple[int, str]] = field(default_factory=dict)
     resolved_step: int | None = None
     advanced: bool = False
 
@@ -74,6 +85,9 @@ class Generation:
     next_to_advance: dict[int, int] = field(default_factory=dict)
     in_flight_lanes: set[int] = field(default_factory=set)
     members: dict[str, MSub] = field(default_factory=dict)
+    #: Fed to the producer, not pulled by the poll yet (it waits at max_outstanding).
+    backlog: deque[tuple[int, int]] = field(default_factory=deque)
+    backlog_empty: asyncio.Event = field(default_factory=asyncio.Event)
     terminal: type[StreamTerminated] | None = None
     terminal_step: int | None = None
     advance_failed: bool = False
@@ -82,6 +96,7 @@ class Generation:
 @dataclass
 class MSub:
     token: str
+    order: int
     name: str
     sub: Subscription
     gen: Generation
@@ -100,9 +115,17 @@ class CheckingProducer(ScriptedProducer):
         self.machine = machine
         self.generation: Generation | None = None
 
+    async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
+        async for item in super().open_stream():
+            assert self.generation is not None
+            with self.machine.recording():
+                self.machine.pulled(self.generation)  # the poll broadcasts it right after
+            yield item
+
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         assert self.generation is not None
-        self.machine.advance_started(self.generation, batch)
+        with self.machine.recording():
+            self.machine.advance_started(self.generation, batch)
         ok = False
         try:
             await super().advance(batch)
@@ -126,11 +149,22 @@ class GroupMachine(RuleBasedStateMachine):
         self.next_event = 0
         self.cap = 1
         self.lanes = 1
+        self.max_outstanding = 1
         self.gate = asyncio.Event()
         self.gate.set()
         self.manager: SharedStreamManager | None = None
+        #: Checks that failed inside the producer, where raising would only end the group.
+        self.violations: list[AssertionError] = []
 
     # -- plumbing ------------------------------------------------------------------
+
+    @contextmanager
+    def recording(self) -> Iterator[None]:
+        try:
+            yield
+        except AssertionError as violation:
+            self.violations.append(violation)
+            raise
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(asyncio.wait_for(coro, 5))
@@ -157,6 +191,7 @@ class GroupMachine(RuleBasedStateMachine):
                 if msub.state != "left":
                     self.leave_model(msub, crashed=False)
                     self.run(msub.sub.aclose())
+                    self.settle()  # a quiet loop: the next leave's model moves first
             assert self.manager is not None
             self.run(self.manager.aclose())
             self.settle()
@@ -167,10 +202,16 @@ class GroupMachine(RuleBasedStateMachine):
 
     # -- the model -----------------------------------------------------------------
 
-    def resolve(self, gen: Generation, event_id: int, token: str, how: str) -> None:
+    def resolve(
+        self, gen: Generation, event_id: int, token: str, how: str, by: MSub | None = None,
+        reason: str | None = None,
+    ) -> None:
         event = gen.events[event_id]
         assert token in event.snapshot and token not in event.resolved, (event, token, how)
         event.resolved[token] = how
+        if how == "rejected" and reason is not None:
+            assert by is not None
+            event.reasons[token] = (by.order, f"{by.name}: {reason}")
         if len(event.resolved) == len(event.snapshot):
             event.resolved_step = self.step
 
@@ -198,6 +239,8 @@ class GroupMachine(RuleBasedStateMachine):
             msub.closed_windows.discard(event_id)
 
     def check_timeouts(self, gen: Generation) -> None:
+        if gen.producer.closed:
+            return  # the group stopped: what was unresolved is abandoned, nothing expires
         for event_id in gen.order:
             event = gen.events[event_id]
             if len(event.resolved) < len(event.snapshot):
@@ -281,7 +324,12 @@ class GroupMachine(RuleBasedStateMachine):
             assert not event.advanced, "advanced twice"
             assert len(event.resolved) == len(event.snapshot), f"unresolved: {event}"
             outcome = item.outcome
-            assert (outcome.acked, outcome.failed, outcome.rejected) == event.counts(), event
+            assert (outcome.acked, outcome.failed, outcome.rejected) == event.counts(), (
+                outcome,
+                event,
+            )
+            reasons = tuple(text for _, text in sorted(event.reasons.values()))
+            assert outcome.reasons == reasons, (outcome, event)
             assert outcome.acked + outcome.failed + outcome.rejected == len(event.snapshot)
         gen.in_flight_lanes.add(lane)
 
@@ -308,9 +356,13 @@ class GroupMachine(RuleBasedStateMachine):
 
     # -- rules ---------------------------------------------------------------------
 
-    @initialize(cap=st.integers(1, 3), lanes=st.integers(1, 4))
-    def start(self, cap: int, lanes: int) -> None:
-        self.cap, self.lanes = cap, lanes
+    @initialize(
+        cap=st.integers(1, 3),
+        lanes=st.integers(1, 4),
+        max_outstanding=st.sampled_from([1, 2, 4, 65536]),
+    )
+    def start(self, cap: int, lanes: int, max_outstanding: int) -> None:
+        self.cap, self.lanes, self.max_outstanding = cap, lanes, max_outstanding
 
         async def make() -> SharedStreamManager:
             return SharedStreamManager(
@@ -318,6 +370,7 @@ class GroupMachine(RuleBasedStateMachine):
                 subscriber_queue_size=QUEUE_SIZE,
                 max_concurrent_advances=cap,
                 clock=self.clock,
+                max_outstanding=max_outstanding,
             )
 
         self.manager = self.run(make())
@@ -349,10 +402,13 @@ class GroupMachine(RuleBasedStateMachine):
             raise AssertionError("a duplicate live subscriber was accepted")
         sub = self.run(subscribe())
         self.tokens += 1
-        msub = MSub(f"{name}#{self.tokens}", name, sub, gen)
+        msub = MSub(f"{name}#{self.tokens}", self.tokens, name, sub, gen)
         gen.members[name] = msub
         self.subs.append(msub)
         self.settle()
+
+    def outstanding(self, gen: Generation) -> int:
+        return sum(1 for e in gen.events.values() if not e.advanced)
 
     @precondition(lambda self: self.gen is not None and self.gen.terminal is None)
     @rule(lane=st.integers(0, 3))
@@ -362,6 +418,22 @@ class GroupMachine(RuleBasedStateMachine):
         lane %= self.lanes
         event_id = self.next_event
         self.next_event += 1
+        pulled_now = not gen.backlog and self.outstanding(gen) < self.max_outstanding
+        gen.backlog.append((event_id, lane))
+        gen.backlog_empty.clear()
+        # The model moved first: the broadcast (``pulled``) may cause advances at once.
+        gen.producer.feed(f"raw-{event_id}", (lane, event_id))
+        if pulled_now:
+            self.run(gen.backlog_empty.wait())
+        self.settle()
+
+    def pulled(self, gen: Generation) -> None:
+        """Caller: the producer, when the poll pulls the next event (broadcast next)."""
+        assert gen.terminal is None, "pulled after the group ended"
+        assert self.outstanding(gen) < self.max_outstanding, "pulled at max_outstanding"
+        event_id, lane = gen.backlog.popleft()
+        if not gen.backlog:
+            gen.backlog_empty.set()
         # The model: expire first, then the snapshot, then overflow.
         self.check_timeouts(gen)
         snapshot = {m.token for m in gen.members.values() if m.state == "active"}
@@ -377,13 +449,13 @@ class GroupMachine(RuleBasedStateMachine):
         for msub in list(gen.members.values()):
             if msub.state == "active" and len(msub.queue) > QUEUE_SIZE:
                 self.force_fail(msub, SubscriberOverflow)
-        # The model moved first: the broadcast may cause advances at once.
-        gen.producer.feed(f"raw-{event_id}", (lane, event_id))
 
-        self.run(gen.producer.starved.wait())  # every fed item was yielded
-        self.settle()
-
-    @precondition(lambda self: self.gen is not None and self.gen.terminal is None)
+    @precondition(
+        lambda self: self.gen is not None
+        and self.gen.terminal is None
+        and not self.gen.backlog
+        and self.outstanding(self.gen) < self.max_outstanding
+    )
     @rule(fail=st.booleans())
     def upstream_ends(self, fail: bool) -> None:
         gen = self.gen
@@ -432,7 +504,8 @@ class GroupMachine(RuleBasedStateMachine):
             return
         msub = data.draw(st.sampled_from(self.subs))
         seq = self.call(msub.sub.bind)
-        if msub.current is None or msub.current_resolved or msub.state == "left":
+        stopped = msub.gen.producer.closed > 0  # the open event was abandoned at the stop
+        if msub.current is None or msub.current_resolved or msub.state == "left" or stopped:
             assert seq is None
             return
         assert isinstance(seq, int) and seq not in self.binding_of
@@ -458,8 +531,8 @@ class GroupMachine(RuleBasedStateMachine):
         self.call(self.manager.confirm_persisted, [*chosen, *garbage])
         self.settle()
 
-    @rule(data=st.data())
-    def reject(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), reason=st.sampled_from(REASONS))
+    def reject(self, data: st.DataObject, reason: str | None) -> None:
         if not self.subs:
             return
         msub = data.draw(st.sampled_from(self.subs))
@@ -467,8 +540,36 @@ class GroupMachine(RuleBasedStateMachine):
         if msub.state != "left" and msub.current is not None and not msub.current_resolved:
             msub.current_resolved = True
             self.drop_bindings(msub, [msub.current])
-            self.resolve(msub.gen, msub.current, msub.token, "rejected")
-        self.call(msub.sub.reject)
+            self.resolve(msub.gen, msub.current, msub.token, "rejected", msub, reason)
+        self.call(msub.sub.reject, reason)
+        self.settle()
+
+    @rule(
+        data=st.data(),
+        fail=st.booleans(),
+        reason=st.sampled_from(REASONS),
+        garbage=st.lists(st.sampled_from([None, -1, 10**9, "7", 2.0])),
+    )
+    def resolve_bound(
+        self, data: st.DataObject, fail: bool, reason: str | None, garbage: list[Any]
+    ) -> None:
+        """``reject_bound`` / ``fail_bound``: open window or closed, left or not."""
+        assert self.manager is not None
+        chosen = data.draw(st.lists(st.sampled_from(self.seqs), max_size=3)) if self.seqs else []
+        how = "failed" if fail else "rejected"
+        for seq in chosen:
+            found = self.binding_of.get(seq)
+            if found is None:
+                continue  # stale: confirmed, or its event resolved already
+            msub, event_id = found
+            if msub.current == event_id:
+                msub.current_resolved = True
+            self.drop_bindings(msub, [event_id])  # its other numbers go stale
+            self.resolve(msub.gen, event_id, msub.token, how, msub, reason)
+        if fail:
+            self.call(self.manager.fail_bound, [*chosen, *garbage])
+        else:
+            self.call(self.manager.reject_bound, [*chosen, *garbage], reason)
         self.settle()
 
     @rule(data=st.data(), crashed=st.booleans())
@@ -495,6 +596,11 @@ class GroupMachine(RuleBasedStateMachine):
     @rule(seconds=st.sampled_from([1.0, ACK_TIMEOUT / 2, ACK_TIMEOUT]))
     def clock_advances(self, seconds: float) -> None:
         self.clock.advance(seconds)
+        # Each running group's timer expires what fell due, on the next loop turn.
+        for gen in self.generations:
+            if gen.terminal is None:
+                self.expire(gen)
+        self.settle()
 
     @precondition(lambda self: self.gen is not None and self.gen.terminal is None)
     @rule()
@@ -512,6 +618,10 @@ class GroupMachine(RuleBasedStateMachine):
         self.settle()
 
     @invariant()
+    def the_producer_saw_no_violation(self) -> None:
+        assert not self.violations, self.violations
+
+    @invariant()
     def stats_agree_with_the_model(self) -> None:
         self.step += 1
         if self.manager is None or self.gen is None or self.gen.terminal is not None:
@@ -525,6 +635,9 @@ class GroupMachine(RuleBasedStateMachine):
         advanced = sum(1 for e in self.gen.events.values() if e.advanced)
         assert stats["key"].advanced_events == advanced
         assert stats["key"].outstanding == len(self.gen.events) - advanced
+        assert stats["key"].outstanding <= self.max_outstanding
+        if self.gen.backlog:  # progress: held back only at the limit
+            assert stats["key"].outstanding == self.max_outstanding, stats["key"]
 
 
 GroupMachine.TestCase.settings = settings(

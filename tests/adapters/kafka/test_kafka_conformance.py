@@ -1,4 +1,4 @@
-"""The shared conformance suite over KafkaStreamProducer and the real Kafka broker."""
+"""The public conformance kit over KafkaStreamProducer and a real Kafka broker."""
 
 from __future__ import annotations
 
@@ -8,15 +8,10 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from ackgate.testing.brokers import KafkaBroker
+from ackgate.testing.conformance import LANES, BrokerHarness, ConformanceSuite
+from ackgate.testing.resources import KafkaFresh
 from ackgate_kafka import KafkaStreamProducer
-from ackgate_test_support.conformance import (
-    LANES,
-    BrokerHarness,
-    check_failed_is_redelivered,
-    check_nothing_lost,
-    check_order_per_lane,
-    check_reject_goes_to_dlq,
-)
 
 from .kafka_testlib import KafkaTestCluster
 
@@ -24,15 +19,15 @@ from .kafka_testlib import KafkaTestCluster
 class KafkaHarness(BrokerHarness):
     """One partition per lane; rejects go to ``dlq_topic``."""
 
-    def __init__(self, kafka: KafkaTestCluster) -> None:
-        self.kafka = kafka
-        self.topic = kafka.unique("conformance")
-        self.dlq = kafka.unique("conformance-dlq")
-        self.group = kafka.unique("g")
+    def __init__(self, fresh: KafkaFresh) -> None:
+        self.fresh = fresh
+        self.kafka = KafkaTestCluster(fresh.bootstrap)
+        self.topic = self.dlq = ""
+        self.group = fresh.group()
 
-    async def create(self) -> None:
-        await self.kafka.create_topic(self.topic, len(LANES))
-        await self.kafka.create_topic(self.dlq, 1)
+    async def setup(self) -> None:
+        self.topic = await self.fresh.topic(partitions=len(LANES))
+        self.dlq = await self.fresh.topic()
 
     async def publish(self, messages: Sequence[tuple[str, str]]) -> None:
         producer = AIOKafkaProducer(bootstrap_servers=self.kafka.bootstrap, acks="all")
@@ -68,24 +63,7 @@ class KafkaHarness(BrokerHarness):
         ]
 
 
-@pytest.fixture
-async def harness(kafka: KafkaTestCluster) -> KafkaHarness:
-    harness = KafkaHarness(kafka)
-    await harness.create()
-    return harness
-
-
-async def test_nothing_lost(harness: KafkaHarness) -> None:
-    await check_nothing_lost(harness)
-
-
-async def test_order_per_lane(harness: KafkaHarness) -> None:
-    await check_order_per_lane(harness)
-
-
-async def test_reject_goes_to_dlq(harness: KafkaHarness) -> None:
-    await check_reject_goes_to_dlq(harness)
-
-
-async def test_failed_is_redelivered(harness: KafkaHarness) -> None:
-    await check_failed_is_redelivered(harness)
+class TestKafkaConformance(ConformanceSuite):
+    @pytest.fixture
+    def harness(self, ackgate_kafka: KafkaBroker) -> KafkaHarness:
+        return KafkaHarness(KafkaFresh(ackgate_kafka))

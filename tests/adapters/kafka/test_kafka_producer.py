@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -189,6 +190,44 @@ async def test_reject_goes_to_dlq_with_headers_before_commit(kafka: KafkaTestClu
     finally:
         await stream.aclose()
         await producer.aclose()
+
+
+def rejected_for(*reasons: str) -> Any:
+    """An outcome rejected by ``len(reasons)`` of 3 subscribers, with SPEC §8 reasons."""
+    fields = {"acked": 3 - len(reasons), "failed": 0, "rejected": len(reasons)}
+    try:
+        return AdvanceOutcome(**fields, reasons=reasons)  # type: ignore[call-arg]
+    except TypeError:  # a core without §8 yet: the same fields, duck-typed
+        return SimpleNamespace(**fields, reasons=reasons, is_clean=False)
+
+
+async def test_dlq_reason_header_carries_the_rejecting_subscribers_reasons(
+    kafka: KafkaTestCluster,
+) -> None:
+    topic, dlq, group = kafka.unique("reasons"), kafka.unique("dlq"), kafka.unique("g")
+    await kafka.create_topic(topic, 1)
+    await kafka.create_topic(dlq, 1)
+    await kafka.produce(topic, 2, 1)
+    producer = KafkaStreamProducer(
+        topic, bootstrap_servers=kafka.bootstrap, group_id=group, dlq_topic=dlq
+    )
+    stream = producer.open_stream()
+    try:
+        (_, first), (_, second) = await puller(stream)(2)
+        outcomes = [
+            rejected_for("auditor: malformed JSON", "schema: no field 'id'"),
+            AdvanceOutcome(acked=2, failed=0, rejected=1),  # no reason given
+        ]
+        await producer.advance([AdvanceItem(first, outcomes[0]), AdvanceItem(second, outcomes[1])])
+        dead = sorted(await kafka.read_all(dlq, 2), key=lambda r: r.value)
+    finally:
+        await stream.aclose()
+        await producer.aclose()
+    assert [dict(r.headers)["ackgate.reason"] for r in dead] == [
+        b"rejected by 2 of 3 subscribers: auditor: malformed JSON; schema: no field 'id'",
+        b"rejected by 1 of 3 subscribers",
+    ]
+    assert await kafka.committed(group) == {TopicPartition(topic, 0): 2}
 
 
 async def test_reject_without_dlq_commits_with_warning(

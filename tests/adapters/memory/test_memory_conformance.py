@@ -1,4 +1,4 @@
-"""The shared conformance suite over MemoryStreamProducer and the in-process broker."""
+"""The public conformance kit over MemoryStreamProducer and the in-process broker."""
 
 from __future__ import annotations
 
@@ -9,14 +9,7 @@ from typing import Any
 import pytest
 
 from ackgate.adapters.memory import MemoryBroker, MemoryStreamProducer
-from ackgate_test_support.conformance import (
-    LANES,
-    BrokerHarness,
-    check_failed_is_redelivered,
-    check_nothing_lost,
-    check_order_per_lane,
-    check_reject_goes_to_dlq,
-)
+from ackgate.testing.conformance import LANES, BrokerHarness, ConformanceSuite
 
 TOPIC, GROUP = "conformance", "svc"
 
@@ -60,22 +53,7 @@ class MemoryHarness(BrokerHarness):
         return dead
 
 
-@pytest.fixture
-def harness() -> MemoryHarness:
-    return MemoryHarness()
-
-
-async def test_nothing_lost(harness: MemoryHarness) -> None:
-    await check_nothing_lost(harness)
-
-
-async def test_order_per_lane(harness: MemoryHarness) -> None:
-    await check_order_per_lane(harness)
-
-
-async def test_reject_goes_to_dlq(harness: MemoryHarness) -> None:
-    await check_reject_goes_to_dlq(harness)
-
-
-async def test_failed_is_redelivered(harness: MemoryHarness) -> None:
-    await check_failed_is_redelivered(harness)
+class TestMemoryConformance(ConformanceSuite):
+    @pytest.fixture
+    def harness(self) -> MemoryHarness:
+        return MemoryHarness()

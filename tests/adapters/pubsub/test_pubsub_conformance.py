@@ -1,4 +1,4 @@
-"""The shared conformance suite over PubSubStreamProducer and the Pub/Sub emulator."""
+"""The public conformance kit over PubSubStreamProducer and the Pub/Sub emulator."""
 
 from __future__ import annotations
 
@@ -7,14 +7,10 @@ from typing import Any
 
 import pytest
 
+from ackgate.testing.brokers import PubSubBroker
+from ackgate.testing.conformance import BrokerHarness, ConformanceSuite
+from ackgate.testing.resources import PubSubFresh
 from ackgate_pubsub import PubSubStreamProducer
-from ackgate_test_support.conformance import (
-    BrokerHarness,
-    check_failed_is_redelivered,
-    check_nothing_lost,
-    check_order_per_lane,
-    check_reject_goes_to_dlq,
-)
 
 from .pubsub_support import PubSubAdmin, text
 
@@ -22,15 +18,20 @@ from .pubsub_support import PubSubAdmin, text
 class PubSubHarness(BrokerHarness):
     """An ordered subscription, one ordering key per lane; rejects go to ``dlq_topic``."""
 
-    def __init__(self, pubsub: PubSubAdmin) -> None:
-        self.pubsub = pubsub
+    def __init__(self, fresh: PubSubFresh) -> None:
+        self.fresh = fresh
         self.topic = self.subscription = self.dlq_topic = self.dlq = ""
+        self.pubsub: PubSubAdmin
 
-    async def create(self) -> None:
-        self.topic = await self.pubsub.create_topic()
-        self.subscription = await self.pubsub.create_subscription(self.topic, ordering=True)
-        self.dlq_topic = await self.pubsub.create_topic()
-        self.dlq = await self.pubsub.create_subscription(self.dlq_topic)
+    async def setup(self) -> None:
+        self.topic = await self.fresh.topic()
+        self.subscription = await self.fresh.subscription(self.topic, ordering=True)
+        self.dlq_topic = await self.fresh.topic()
+        self.dlq = await self.fresh.subscription(self.dlq_topic)
+        self.pubsub = PubSubAdmin(self.fresh.emulator_host)
+
+    async def teardown(self) -> None:
+        await self.pubsub.aclose()
 
     async def publish(self, messages: Sequence[tuple[str, str]]) -> None:
         for lane, body in messages:
@@ -60,24 +61,7 @@ class PubSubHarness(BrokerHarness):
         return dead
 
 
-@pytest.fixture
-async def harness(pubsub: PubSubAdmin) -> PubSubHarness:
-    harness = PubSubHarness(pubsub)
-    await harness.create()
-    return harness
-
-
-async def test_nothing_lost(harness: PubSubHarness) -> None:
-    await check_nothing_lost(harness)
-
-
-async def test_order_per_lane(harness: PubSubHarness) -> None:
-    await check_order_per_lane(harness)
-
-
-async def test_reject_goes_to_dlq(harness: PubSubHarness) -> None:
-    await check_reject_goes_to_dlq(harness)
-
-
-async def test_failed_is_redelivered(harness: PubSubHarness) -> None:
-    await check_failed_is_redelivered(harness)
+class TestPubSubConformance(ConformanceSuite):
+    @pytest.fixture
+    def harness(self, ackgate_pubsub: PubSubBroker) -> PubSubHarness:
+        return PubSubHarness(PubSubFresh(ackgate_pubsub))

@@ -1,4 +1,4 @@
-"""The shared conformance suite over ServiceBusStreamProducer and the fake Service Bus.
+"""The public conformance kit over ServiceBusStreamProducer and the fake Service Bus.
 
 No Service Bus broker runs here; the fake stands at the SDK's client interface, so
 the adapter's own code runs unchanged (see ``fake_servicebus``).
@@ -11,14 +11,8 @@ from typing import Any
 
 import pytest
 
+from ackgate.testing.conformance import BrokerHarness, ConformanceSuite
 from ackgate_servicebus import NEXT_AVAILABLE_SESSION, ServiceBusStreamProducer
-from ackgate_test_support.conformance import (
-    BrokerHarness,
-    check_failed_is_redelivered,
-    check_nothing_lost,
-    check_order_per_lane,
-    check_reject_goes_to_dlq,
-)
 
 from .fake_servicebus import FakeServiceBus
 
@@ -59,22 +53,7 @@ class ServiceBusHarness(BrokerHarness):
         return [stored.body.decode() for stored in self.queue.dead_lettered]
 
 
-@pytest.fixture
-def harness() -> ServiceBusHarness:
-    return ServiceBusHarness()
-
-
-async def test_nothing_lost(harness: ServiceBusHarness) -> None:
-    await check_nothing_lost(harness)
-
-
-async def test_order_per_lane(harness: ServiceBusHarness) -> None:
-    await check_order_per_lane(harness)
-
-
-async def test_reject_goes_to_dlq(harness: ServiceBusHarness) -> None:
-    await check_reject_goes_to_dlq(harness)
-
-
-async def test_failed_is_redelivered(harness: ServiceBusHarness) -> None:
-    await check_failed_is_redelivered(harness)
+class TestServiceBusConformance(ConformanceSuite):
+    @pytest.fixture
+    def harness(self) -> ServiceBusHarness:
+        return ServiceBusHarness()

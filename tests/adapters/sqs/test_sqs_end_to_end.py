@@ -115,7 +115,11 @@ async def test_rejected_messages_reach_the_dead_letter_queue(sqs: SqsAdmin, way:
     bodies = [f"{'bad' if i % 4 == 0 else 'good'}-{i}" for i in range(20)]
     await sqs.send(url, bodies)
     bad = sorted(body for body in bodies if body.startswith("bad"))
-    expected = Counter({body: receives if body in bad else 1 for body in bodies})
+    # A redelivered copy goes only to who did not ack it (SPEC §13): "judge" again.
+    expected = {
+        "judge": Counter({body: receives if body in bad else 1 for body in bodies}),
+        "agree": Counter(bodies),
+    }
     handled = {name: Counter[str]() for name in ("judge", "agree")}
 
     async def consume(sub: Subscription, counts: Counter[str]) -> None:
@@ -124,13 +128,13 @@ async def test_rejected_messages_reach_the_dead_letter_queue(sqs: SqsAdmin, way:
                 counts[raw["Body"]] += 1
                 if sub.subscriber_id == "judge" and raw["Body"].startswith("bad"):
                     reject_shared_stream_event()
-                if counts == expected:
+                if counts == expected[sub.subscriber_id]:
                     return
 
     async with asyncio.timeout(60), SharedStreamManager() as manager:
         subs = [manager.subscribe("dl", name, producer=make) for name in handled]
         await asyncio.gather(*(consume(sub, handled[sub.subscriber_id]) for sub in subs))
-    assert handled == {"judge": expected, "agree": expected}
+    assert handled == expected
     # SQS (and moto) applies a redrive policy on the next receive attempt.
     assert await sqs.drain(url, wait=1) == []
     letters = await sqs.drain(dlq)
@@ -145,31 +149,39 @@ async def test_rejected_messages_reach_the_dead_letter_queue(sqs: SqsAdmin, way:
 async def test_a_failed_event_comes_back_promptly(sqs: SqsAdmin) -> None:
     url = await sqs.create_queue()
     [message_id] = await sqs.send(url, ["flaky"])
-    deliveries: list[dict[str, Any]] = []
-    redelivered = asyncio.Event()
+    deliveries: list[tuple[str, dict[str, Any]]] = []
+    roster = {"crash", "keep"}
 
-    async def crash(sub: Subscription) -> None:
-        with pytest.raises(RuntimeError):
-            async with sub:
-                async for _ in sub:
-                    raise RuntimeError("handler crashed")
-
-    async def keep(sub: Subscription) -> None:
+    async def read(sub: Subscription) -> None:
         async with sub:
             async for raw in sub:
-                deliveries.append(raw)
-                if len(deliveries) == 2:
-                    redelivered.set()
+                deliveries.append((sub.subscriber_id, raw))
+                if raw["Body"] == "end":
                     return
+                if sub.subscriber_id == "crash" and len(deliveries) <= 2:
+                    raise RuntimeError("handler crashed")
+                if sub.subscriber_id == "crash":
+                    await sqs.send(url, ["end"])
+
+    async def crash_then_retry(make: Callable[[], SqsStreamProducer]) -> None:
+        with pytest.raises(RuntimeError):
+            await read(manager.subscribe("f", "crash", producer=make, roster=roster))
+        await read(manager.subscribe("f", "crash", producer=make, roster=roster))
 
     # visibility_timeout is 120 s: only the adapter's visibility 0 brings it back in time.
     async with SharedStreamManager() as manager:
         make = factory(sqs, url, visibility_timeout=120)
-        subs = [manager.subscribe("f", name, producer=make) for name in ("crash", "keep")]
+        kept = manager.subscribe("f", "keep", producer=make, roster=roster)
         async with asyncio.timeout(15):
-            await asyncio.gather(crash(subs[0]), keep(subs[1]))
-    assert [raw["MessageId"] for raw in deliveries] == [message_id, message_id]
-    assert deliveries[1]["Attributes"]["ApproximateReceiveCount"] == "2"
+            await asyncio.gather(crash_then_retry(make), read(kept))
+    flaky = [
+        (name, raw["Attributes"]["ApproximateReceiveCount"])
+        for name, raw in deliveries
+        if raw["MessageId"] == message_id
+    ]
+    # The copy goes to the handler that crashed, not to "keep", which acked the first
+    # (SPEC §13).
+    assert sorted(flaky) == [("crash", "1"), ("crash", "2"), ("keep", "1")]
 
 
 async def test_a_handler_slower_than_the_visibility_timeout_sees_no_redelivery(

@@ -10,8 +10,12 @@ What each outcome does to the broker, per partition (the lane is ``(topic, parti
 * **acked** by every subscriber: committed past.
 * **rejected** by at least one subscriber (none failed): copied to ``dlq_topic`` with the
   original key, value and headers plus ``ackgate.original.topic``,
-  ``ackgate.original.partition``, ``ackgate.original.offset`` and ``ackgate.reason``,
-  and committed past only after the DLQ write is acknowledged. Without ``dlq_topic`` it
+  ``ackgate.original.partition``, ``ackgate.original.offset`` and one
+  ``ackgate.reason`` header, and committed past only after the DLQ write is
+  acknowledged. ``ackgate.reason`` is ``"rejected by <r> of <n> subscribers"``, followed,
+  when rejecting subscribers gave reasons (SPEC §8), by ``": "`` and their
+  ``"<subscriber_id>: <reason>"`` entries joined with ``"; "`` (in subscription order;
+  not escaped: for people and logs, not for parsing). Without ``dlq_topic`` it
   is committed past and a WARNING names its offset: the event is dropped on purpose.
   The DLQ is at-least-once too: if the partition is revoked between the DLQ write and
   the commit, the new owner redelivers the event and it may be dead-lettered again.
@@ -41,6 +45,32 @@ the last committed offset. Newly assigned partitions start from their committed
 offset (``auto_offset_reset`` defaults to ``"earliest"`` for a group with no commit,
 so nothing already in the topic is skipped; pass it to override).
 
+**Suspended at a yield (SPEC §10).** Backpressure (``overflow="block"``,
+``max_outstanding``) or a paused rostered group can leave :meth:`open_stream`
+suspended at a ``yield`` for any length of time, and aiokafka leaves the consumer
+group once no ``getmany`` has run for ``max_poll_interval_ms``. So a keeper task
+(one per producer, :mod:`ackgate_kafka._membership`) watches the time since the
+stream's last ``getmany`` ended; past a third of ``max_poll_interval_ms`` it pauses
+every assigned partition and calls ``getmany`` (200 ms timeout) on the stream's
+behalf, which returns nothing but keeps the consumer in the group: heartbeats,
+commits and rebalances go on as usual. Partitions assigned meanwhile are paused
+too; records that arrive anyway are sought back to, so none is skipped. Before its
+next fetch the stream wakes the keeper, waits for its ``getmany`` to return (never
+two at once) and the paused partitions are resumed; records fetched before the
+suspension are yielded as usual (or dropped as stale if a hold or revoke happened
+meanwhile, as above). The stream only checks the keeper once per fetch: nothing is
+added per record. A poll error while keeping ends the group at the stream's next
+fetch, as a poll error would. During a rebalance while suspended, the revoke drain
+still waits at most ``rebalance_drain_timeout`` for yielded events, which a paused
+group may not resolve in time: they are then redelivered to the new owner.
+
+**Identity and messages.** :meth:`~KafkaStreamProducer.get_event_id` is
+``(topic, partition, offset)``, so a copy fetched again after a hold is not handed to
+the subscribers that already acked it (SPEC §13): only those that failed it (or
+joined since) see it twice. :meth:`~KafkaStreamProducer.to_message` builds the
+``ackgate.Message`` a ``Service`` handler receives (tombstones, duplicate header
+names and the missing delivery count are described there).
+
 **Errors.** A broker error while starting or polling ends the group: subscribers get
 ``StreamTerminated`` whose ``__cause__`` is a ``ConnectionError`` (cannot reach the
 cluster) or ``RuntimeError`` chained to the aiokafka error. A failed commit or DLQ
@@ -60,7 +90,8 @@ from collections.abc import AsyncGenerator, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ackgate import AdvanceItem, AdvanceOutcome, SharedStreamProducer
+from ackgate import AdvanceItem, AdvanceOutcome, Message, SharedStreamProducer
+from ackgate_kafka._membership import MembershipKeeper
 
 log = logging.getLogger("ackgate.adapters.kafka")
 
@@ -86,6 +117,15 @@ _SHARED_CONNECTION_OPTIONS = frozenset(
 )
 
 _POLL_TIMEOUT_MS = 1000
+_DEFAULT_MAX_POLL_INTERVAL_MS = 300_000  # aiokafka's default
+
+
+def _reason(outcome: AdvanceOutcome, total: int) -> str:
+    """The ``ackgate.reason`` header: the count, then the subscribers' reasons (SPEC §8)."""
+    summary = f"rejected by {outcome.rejected} of {total} subscribers"
+    # ``reasons`` comes with SPEC §8; an older core's outcome has none.
+    reasons: tuple[str, ...] = getattr(outcome, "reasons", ())
+    return f"{summary}: {'; '.join(reasons)}" if reasons else summary
 
 
 def _import_aiokafka() -> Any:
@@ -159,8 +199,12 @@ class _RebalanceListener:
         await self._owner._on_revoked(revoked)
 
     async def on_partitions_assigned(self, assigned: Iterable[Any]) -> None:
+        assigned = list(assigned)
         for tp in assigned:
             self._owner._own(tp)
+        keeper = self._owner._keeper
+        if keeper is not None:
+            keeper.assigned(assigned)
 
 
 class KafkaStreamProducer(SharedStreamProducer):
@@ -226,10 +270,47 @@ class KafkaStreamProducer(SharedStreamProducer):
         self._lock = asyncio.Lock()
         # Set after every commit or hold; a draining revoke waits on it.
         self._progress = asyncio.Event()
+        self._keeper: MembershipKeeper | None = None
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         tp: Hashable = broker_payload.tp
         return tp
+
+    def get_event_id(self, broker_payload: Any) -> Hashable:
+        """``(topic, partition, offset)``: the same record however often it is fetched."""
+        record = broker_payload.record
+        return (record.topic, record.partition, record.offset)
+
+    def to_message(self, raw_event: Any, broker_payload: Any) -> Message:
+        """The record as an :class:`ackgate.Message`.
+
+        ``body`` is the value (``b""`` for a tombstone, whose value is ``None``; tell
+        them apart with ``message.raw.value is None``), ``key`` the key, ``headers``
+        the record headers as a dict (for a header name that occurs more than once
+        the last value wins; every value is in ``message.raw.headers``), ``id``
+        ``"<topic>/<partition>/<offset>"``, ``lane`` the partition
+        (:meth:`get_advance_lane`), ``attempt`` ``None`` (Kafka keeps no delivery
+        count) and ``raw`` the ``ConsumerRecord``. With a value deserializer, a
+        value that is not ``bytes`` is a ``TypeError``.
+        """
+        record = raw_event
+        value = record.value
+        if value is None:
+            value = b""
+        elif not isinstance(value, bytes):
+            raise TypeError(
+                f"{type(self).__name__}.to_message() needs bytes values, got "
+                f"{type(value).__name__}: drop value_deserializer and decode in the handler"
+            )
+        return Message(
+            body=value,
+            key=record.key,
+            headers=dict(record.headers) if record.headers else {},
+            id=f"{record.topic}/{record.partition}/{record.offset}",
+            lane=broker_payload.tp,
+            attempt=None,
+            raw=record,
+        )
 
     async def open_stream(self) -> AsyncGenerator[tuple[Any, Any], None]:
         """Join the group and yield ``(ConsumerRecord, delivery)`` for every fetched record.
@@ -261,22 +342,43 @@ class KafkaStreamProducer(SharedStreamProducer):
         except aiokafka.errors.KafkaError as exc:
             raise self._translate(exc, "could not join the consumer group") from exc
         log.info("Kafka consumer started group=%s topics=%s", self._group_id, self._topics)
-        while True:
-            try:
-                fetched = await self._consumer.getmany(timeout_ms=_POLL_TIMEOUT_MS)
-            except aiokafka.errors.KafkaError as exc:
-                log.error("Kafka poll failed group=%s: %r", self._group_id, exc)
-                raise self._translate(exc, "poll failed") from exc
-            for tp, records in fetched.items():
-                part = self._own(tp)
-                epoch = part.epoch
-                for record in records:
-                    # A hold or revoke while we were suspended at a yield makes the rest
-                    # of this fetch stale: the seek / the new owner fetches it again.
-                    if part.epoch != epoch or part.draining:
-                        break
-                    part.yielded_next = record.offset + 1
-                    yield record, _Delivery(tp, record, epoch)
+        keeper = self._keeper = MembershipKeeper(
+            self._consumer,
+            aiokafka.errors,
+            self._options.get("max_poll_interval_ms", _DEFAULT_MAX_POLL_INTERVAL_MS),
+            self._group_id,
+        )
+        keeper.start()
+        try:
+            while True:
+                try:
+                    # Once per fetch, never per record: the keeper may have polled
+                    # while we were suspended at a yield; it stops before we poll.
+                    if keeper.keeping or keeper.error is not None:
+                        await keeper.wake()
+                    keeper.fetch_started()
+                    try:
+                        fetched = await self._consumer.getmany(timeout_ms=_POLL_TIMEOUT_MS)
+                    finally:
+                        keeper.fetch_ended()
+                except aiokafka.errors.KafkaError as exc:
+                    log.error("Kafka poll failed group=%s: %r", self._group_id, exc)
+                    raise self._translate(exc, "poll failed") from exc
+                # Epochs as of the fetch, for every partition in it: a partition revoked
+                # (and maybe assigned back) while we yielded an earlier one is stale too.
+                batches = [(tp, self._own(tp), records) for tp, records in fetched.items()]
+                epochs = [part.epoch for _, part, _ in batches]
+                for (tp, part, records), epoch in zip(batches, epochs, strict=True):
+                    for record in records:
+                        # A hold or revoke while we were suspended at a yield makes the
+                        # rest of this fetch stale: the seek / the owner after the
+                        # rebalance fetches it again from the committed offset.
+                        if part.epoch != epoch or part.draining:
+                            break
+                        part.yielded_next = record.offset + 1
+                        yield record, _Delivery(tp, record, epoch)
+        finally:
+            await keeper.close()
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """Commit past the batch's resolved prefix; dead-letter rejects; hold at a failure.
@@ -429,7 +531,7 @@ class KafkaStreamProducer(SharedStreamProducer):
             ("ackgate.original.topic", record.topic.encode()),
             ("ackgate.original.partition", str(record.partition).encode()),
             ("ackgate.original.offset", str(record.offset).encode()),
-            ("ackgate.reason", f"rejected by {outcome.rejected} of {total} subscribers".encode()),
+            ("ackgate.reason", _reason(outcome, total).encode()),
         ]
         try:
             return await self._dlq.send(

@@ -10,7 +10,9 @@ What each message's ``AdvanceOutcome`` does to the broker:
   (``modify_ack_deadline`` 0): prompt redelivery. A failure wins over a rejection, so
   the subscriber that did not handle the message gets it again.
 * **rejected** (nobody failed) -> with ``dlq_topic``: published there (data, attributes
-  and ordering key, plus ``ackgate-reason`` and ``ackgate-source-subscription``), then
+  and ordering key, plus ``ackgate-source-subscription`` and ``ackgate-reason``:
+  "rejected by R of N subscribers", then each reason given (SPEC §8,
+  ``"<subscriber_id>: <reason>"``) separated by ``"; "``, cut to 1024 bytes), then
   acknowledged. Without ``dlq_topic``: nacked, so the subscription's own dead-letter
   policy moves it to its dead-letter topic after ``max_delivery_attempts`` (until then
   it is redelivered and rejected again; with no such policy it comes back forever).
@@ -28,6 +30,24 @@ again, in one call for all that are due, whenever less than half is left, until 
 settled. At most ``max_outstanding`` messages are held; beyond that the poll waits.
 When the group ends, what was never settled is nacked in ``aclose``, so it comes back
 at once rather than when its lease runs out.
+
+Suspended at a ``yield`` (SPEC §10: backpressure, a paused rostered group). Leases are
+kept by a task of their own, not by the poll, and a message is leased from the moment
+its ``pull`` returns, not from its ``yield``: every message of the pull being yielded,
+the ones the group has not taken yet included, keeps its lease however long the
+generator waits, and no pull is sent meanwhile. Pub/Sub puts no cap on how often a
+lease is extended; a message held longer than the subscription's retention (7 days by
+default) may be dropped by the server, which only ever costs that message's ack (it is
+then refused and logged). ``tests/adapters/pubsub/test_pubsub_suspended.py`` suspends a
+group for 2.5 ack deadlines and checks that another puller of the subscription got
+nothing meanwhile.
+
+Identity and messages: :meth:`PubSubStreamProducer.get_event_id` is the ``message_id``
+(SPEC §13). :meth:`PubSubStreamProducer.to_message` gives handlers ``body`` = ``data``,
+``key`` = the ordering key as UTF-8 bytes (``None`` when empty), ``headers`` = the
+attributes as UTF-8 bytes, ``id`` = ``message_id``, ``attempt`` = ``delivery_attempt``.
+Pub/Sub counts delivery attempts only on a subscription with a dead-letter policy;
+elsewhere it sends 0 and ``attempt`` is ``None``.
 
 Exactly-once subscriptions report per-ack-id failures: transient ones are retried,
 permanent ones (an expired ack id) are logged at WARNING with the message id, not
@@ -50,7 +70,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mappin
 from logging import getLogger
 from typing import Any
 
-from ackgate import AckGateError, AdvanceItem, AdvanceOutcome, SharedStreamProducer
+from ackgate import AckGateError, AdvanceItem, AdvanceOutcome, Message, SharedStreamProducer
 
 try:
     import grpc  # type: ignore[import-untyped,unused-ignore]
@@ -76,6 +96,7 @@ SOURCE_ATTRIBUTE = "ackgate-source-subscription"
 # An ack/modack request is capped at 512 KiB and an ack id runs to a few hundred bytes.
 _ACK_IDS_PER_CALL = 1000
 _EOD_ATTEMPTS = 3
+_ATTRIBUTE_LIMIT = 1024  # bytes in one attribute value
 # Pull responses may exceed gRPC's 4 MiB default; the SDK lifts the limit the same way.
 _NO_SIZE_LIMIT = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 
@@ -158,6 +179,26 @@ class PubSubStreamProducer(SharedStreamProducer):
         received: Received = broker_payload
         lane: str = received.message.ordering_key or received.ack_id
         return lane
+
+    def get_event_id(self, broker_payload: Any) -> Hashable | None:
+        """The ``message_id``: the same for every delivery of one message (SPEC §13)."""
+        received: Received = broker_payload
+        message_id: str = received.message.message_id
+        return message_id
+
+    def to_message(self, raw_event: Any, broker_payload: Any) -> Message:
+        """The :class:`~ackgate.Message` of one pulled message (see the module docstring)."""
+        received: Received = raw_event
+        message = received.message
+        return Message(
+            body=bytes(message.data),
+            key=message.ordering_key.encode() if message.ordering_key else None,
+            headers={name: value.encode() for name, value in message.attributes.items()},
+            id=message.message_id,
+            lane=self.get_advance_lane(broker_payload),
+            attempt=received.delivery_attempt or None,
+            raw=received,
+        )
 
     async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
         """Connect, then long-poll the subscription forever.
@@ -344,17 +385,24 @@ class PubSubStreamProducer(SharedStreamProducer):
             ]
             if not due:
                 continue
+            previous = {ack_id: self._leases[ack_id] for ack_id in due}
             for ack_id in due:
                 self._leases[ack_id] = now + self._ack_deadline
             try:
                 refused = await self._settle("lease extension", self._modify, due)
-            except PubSubError as exc:
-                # Not fatal: at worst these messages are redelivered (a duplicate).
+            except Exception as exc:
+                # Not fatal, whatever it is (a PubSubError, or a channel error the SDK
+                # did not wrap): a dead task would let every lease of a suspended poll
+                # lapse unnoticed. Not extended after all, so due again at the next
+                # tick rather than half a deadline later, when they would have lapsed.
+                for ack_id, until in previous.items():
+                    if self._leases.get(ack_id) == now + self._ack_deadline:
+                        self._leases[ack_id] = until
                 logger.warning(
                     "Lease extension of %d messages on %s failed: %s",
                     len(due),
                     self._subscription,
-                    exc.__cause__,
+                    exc.__cause__ if isinstance(exc, PubSubError) else repr(exc),
                 )
                 continue
             # Ids advanced while the call was in flight are expected to be refused.
@@ -384,9 +432,10 @@ class PubSubStreamProducer(SharedStreamProducer):
         for received, outcome in dead:
             original = received.message
             attributes = dict(original.attributes)
-            attributes[REASON_ATTRIBUTE] = (
-                f"rejected by {outcome.rejected} of "
-                f"{outcome.acked + outcome.rejected + outcome.failed} subscribers"
+            reasons: tuple[str, ...] = getattr(outcome, "reasons", ())
+            total = outcome.acked + outcome.rejected + outcome.failed
+            attributes[REASON_ATTRIBUTE] = _capped(
+                "; ".join((f"rejected by {outcome.rejected} of {total} subscribers", *reasons))
             )
             attributes[SOURCE_ATTRIBUTE] = self._subscription
             copy = PubsubMessage(
@@ -457,6 +506,14 @@ class PubSubStreamProducer(SharedStreamProducer):
                 self._subscription,
                 reason,
             )
+
+
+def _capped(text: str) -> str:
+    """``text`` within Pub/Sub's 1024-byte limit on an attribute value."""
+    data = text.encode()
+    if len(data) <= _ATTRIBUTE_LIMIT:
+        return text
+    return data[: _ATTRIBUTE_LIMIT - 3].decode(errors="ignore") + "..."
 
 
 def _check_name(argument: str, name: str, kind: str) -> None:

@@ -6,8 +6,10 @@ What each :class:`~ackgate.AdvanceOutcome` does to a message:
 
 * clean (acked by every subscriber) -> ``complete_message``: removed from the entity.
 * rejected by at least one subscriber and failed by none -> ``dead_letter_message``
-  with reason ``"ackgate-rejected"`` and a description counting the rejections: moved
-  to the entity's dead-letter sub-queue.
+  with reason ``"ackgate-rejected"`` and as ``error_description`` "rejected by R of N
+  ackgate subscribers", then each reason given (SPEC §8, ``"<subscriber_id>:
+  <reason>"``) separated by ``"; "``, at most 4096 characters: moved to the entity's
+  dead-letter sub-queue.
 * failed by at least one subscriber, or broadcast to nobody -> ``abandon_message``:
   the broker redelivers it at once with ``delivery_count`` + 1 (the entity's
   MaxDeliveryCount eventually dead-letters a message that keeps failing).
@@ -21,6 +23,32 @@ on session entities the session lock is renewed instead, since message locks the
 are the session's. A renewal failure is logged at WARNING with the message id and
 sequence number; a lost *session* lock ends the group (``open_stream`` raises), since
 another consumer may now be handed that session's later messages.
+
+Suspended at a ``yield`` (SPEC §10: backpressure, a paused rostered group). Renewal is
+a task of its own, not part of the poll, and a message is held from the moment
+``receive_messages`` returns it, not from its ``yield``: every message of the batch
+being yielded, the ones the group has not taken yet included, keeps its lock (or its
+session's lock) however long the generator waits, and nothing more is received
+meanwhile. Service Bus puts no cap on renewals. One thing renewal cannot reach:
+messages the SDK *prefetched* (``prefetch_count`` > 0) sit in its buffer, locked
+since they arrived, until a receive takes them. A message whose lock has less than
+``lock_renewal_margin`` left when it is received is therefore renewed at once, and
+one whose lock is already gone is not handed out at all (logged at WARNING; the
+broker redelivers it, with ``delivery_count`` + 1). With the default
+``prefetch_count=0`` nothing sits unseen. ``tests/adapters/servicebus/
+test_servicebus_suspended.py`` suspends a group for four lock durations.
+
+Identity and messages: :meth:`ServiceBusStreamProducer.get_event_id` is the
+``sequence_number`` (SPEC §13: unique in the entity, the same on every delivery).
+:meth:`ServiceBusStreamProducer.to_message` gives handlers ``body`` = the body bytes
+(a data body's sections joined; a ``str`` value body as UTF-8), ``key`` = the
+``session_id`` as UTF-8 bytes (``None`` without sessions; the session is what orders
+messages, while ``partition_key`` only places them and stays on ``message.raw``),
+``headers`` = ``application_properties`` (keys as ``str``; ``bytes`` values as they
+are, ``str`` as UTF-8, anything else as its ``str()`` in UTF-8), ``id`` =
+``message_id`` (the sequence number when a sender set none), ``attempt`` =
+``delivery_count + 1``: the Python SDK reports the AMQP count of *earlier* deliveries
+(0 the first time), so ``attempt`` is 1 on a first delivery, as SQS and Pub/Sub count.
 
 Lanes: the session id on session entities (order is kept per session), otherwise the
 sequence number, so every message is its own lane and one slow message holds back
@@ -42,7 +70,7 @@ from enum import Enum
 from types import SimpleNamespace
 from typing import Any, Final
 
-from ackgate import AdvanceItem, AdvanceOutcome, SharedStreamProducer
+from ackgate import AdvanceItem, AdvanceOutcome, Message, SharedStreamProducer
 
 __all__ = ["DEAD_LETTER_REASON", "NEXT_AVAILABLE_SESSION", "ServiceBusStreamProducer"]
 
@@ -50,6 +78,9 @@ _log = logging.getLogger("ackgate.adapters.servicebus")
 
 DEAD_LETTER_REASON: Final = "ackgate-rejected"
 """The ``reason`` given to ``dead_letter_message`` for a rejected event."""
+
+_DESCRIPTION_LIMIT: Final = 4096
+"""Characters of the ``error_description`` given to ``dead_letter_message``."""
 
 _CLOSE_TIMEOUT: Final = 10.0
 """Seconds :meth:`ServiceBusStreamProducer.aclose` spends abandoning unadvanced messages."""
@@ -108,6 +139,33 @@ class _Delivery:
 
 def _ids(message: Any) -> str:
     return f"message_id={message.message_id} sequence_number={message.sequence_number}"
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes | bytearray) else str(value)
+
+
+def _value_bytes(value: Any) -> bytes:
+    """An application property value as bytes: bytes as they are, the rest UTF-8."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    return str(value).encode()
+
+
+def _body_bytes(body: Any) -> bytes:
+    """The body as bytes: a data body (bytes, or an iterable of bytes sections) joined;
+    a ``str`` value body as UTF-8; any other value body as its ``str()`` in UTF-8."""
+    if isinstance(body, bytes | bytearray | memoryview):
+        return bytes(body)
+    if isinstance(body, str):
+        return body.encode()
+    try:
+        sections = list(body)
+    except TypeError:
+        return str(body).encode()
+    if all(isinstance(section, bytes | bytearray | memoryview) for section in sections):
+        return b"".join(bytes(section) for section in sections)
+    return str(sections).encode()
 
 
 def _endpoint_host(connection_string: str) -> str | None:
@@ -291,6 +349,7 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                 continue
             deliveries = [_Delivery(m, receiver, self._lane_of(m)) for m in messages]
             self._held.update(deliveries)
+            deliveries = await self._renew_stale(deliveries)
             for delivery in deliveries:
                 yield delivery.message, delivery
 
@@ -298,6 +357,26 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         """The session id on session entities, else the message's sequence number."""
         lane: Hashable = broker_payload.lane
         return lane
+
+    def get_event_id(self, broker_payload: Any) -> Hashable | None:
+        """The ``sequence_number``: the same on every delivery of one message (SPEC §13)."""
+        sequence_number: int = broker_payload.message.sequence_number
+        return sequence_number
+
+    def to_message(self, raw_event: Any, broker_payload: Any) -> Message:
+        """The :class:`~ackgate.Message` of one received message (module docstring)."""
+        message = raw_event
+        properties = message.application_properties or {}
+        count = message.delivery_count
+        return Message(
+            body=_body_bytes(message.body),
+            key=None if message.session_id is None else str(message.session_id).encode(),
+            headers={_text(name): _value_bytes(value) for name, value in properties.items()},
+            id=str(message.message_id or message.sequence_number),
+            lane=self.get_advance_lane(broker_payload),
+            attempt=None if count is None else count + 1,
+            raw=message,
+        )
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """Settle each message in order: complete, dead-letter or abandon (module docstring).
@@ -398,7 +477,12 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                 action, settlement = "complete", receiver.complete_message(message)
             elif outcome.rejected and not outcome.failed:
                 total = outcome.acked + outcome.rejected
-                why = f"rejected by {outcome.rejected} of {total} ackgate subscribers"
+                reasons: tuple[str, ...] = getattr(outcome, "reasons", ())
+                why = "; ".join(
+                    (f"rejected by {outcome.rejected} of {total} ackgate subscribers", *reasons)
+                )
+                if len(why) > _DESCRIPTION_LIMIT:
+                    why = why[: _DESCRIPTION_LIMIT - 3] + "..."
                 action = "dead-letter"
                 settlement = receiver.dead_letter_message(
                     message, reason=DEAD_LETTER_REASON, error_description=why
@@ -436,6 +520,30 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                         )
         except TimeoutError:
             _log.warning("Gave up abandoning Service Bus messages on close; their locks lapse")
+
+    async def _renew_stale(self, deliveries: list[_Delivery]) -> list[_Delivery]:
+        """Renew at once the locks about to lapse on receipt (prefetched messages); return
+        the deliveries to hand out: those whose lock is lost are dropped from the hold."""
+        due = datetime.now(UTC) + timedelta(seconds=self._lock_renewal_margin)
+        kept = []
+        for delivery in deliveries:
+            locked_until = delivery.message.locked_until_utc
+            if locked_until is not None and locked_until <= due:
+                try:
+                    await delivery.receiver.renew_message_lock(
+                        delivery.message, timeout=self._lock_renewal_margin
+                    )
+                except Exception as exc:
+                    self._held.discard(delivery)
+                    _log.warning(
+                        "Service Bus lock of %s lapsed before it was received (%s); not "
+                        "handed out, the broker redelivers it",
+                        _ids(delivery.message),
+                        type(exc).__name__,
+                    )
+                    continue
+            kept.append(delivery)
+        return kept
 
     async def _renew_locks(self) -> None:
         # Runs from open_stream until aclose. One failure loses one lock (or, for a

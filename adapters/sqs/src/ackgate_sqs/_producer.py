@@ -10,7 +10,9 @@ What each outcome does to the broker (:meth:`SqsStreamProducer.advance`):
 * any subscriber failed, or nobody was subscribed → visibility 0, so SQS
   redelivers it at once;
 * rejected (and nobody failed) → with ``dlq_queue_url``: sent to that queue
-  (original body and message attributes plus ``ackgate.reason``), then deleted;
+  (original body and message attributes plus ``ackgate.reason``: "rejected by R of N
+  subscribers", then each reason given (SPEC §8, ``"<subscriber_id>: <reason>"``),
+  separated by ``"; "``, at most 4096 characters), then deleted;
   without it: visibility 0, and the queue's own redrive policy moves it to its
   dead-letter queue once ``maxReceiveCount`` receives are used up. A queue with
   no redrive policy and no ``dlq_queue_url`` redelivers a rejected message forever.
@@ -30,7 +32,34 @@ more): with the default of 1 every message costs a request of its own.
 
 While a message is received and not yet advanced, a heartbeat extends its
 visibility (``ChangeMessageVisibilityBatch``) before it lapses, so a handler slower
-than ``visibility_timeout`` causes no redelivery. Per-entry failures of a batch
+than ``visibility_timeout`` causes no redelivery.
+
+Suspended at a ``yield`` (SPEC §10: backpressure, a paused rostered group). The
+heartbeat is a task of its own, not part of the poll, and a message counts as held
+from the moment ``ReceiveMessage`` returns it — not from its ``yield`` — so every
+message of the batch being yielded, the ones not yet handed to the group included,
+stays invisible however long the generator waits; no receive is sent meanwhile, so
+nothing more is taken. One limit is SQS's own: a message's visibility cannot be
+extended past 12 hours after it was received. A message held longer than that
+(a group paused for half a day) becomes visible again: SQS redelivers it (to this
+group once it polls again, or to another consumer) and, when the held copy is
+finally advanced, its delete fails on the stale receipt handle and is logged: a
+duplicate, never a loss. ``tests/adapters/sqs/test_sqs_suspended.py`` suspends a
+group for four visibility timeouts and checks nothing came back.
+
+Identity and messages: :meth:`SqsStreamProducer.get_event_id` is the ``MessageId``
+(SPEC §13), so a copy redelivered after a release is handed only to the subscribers
+that did not ack it. :meth:`SqsStreamProducer.to_message` builds the
+:class:`~ackgate.Message` a :class:`~ackgate.Service` handler gets: ``body`` is the
+``Body`` string encoded as UTF-8, ``key`` the ``MessageGroupId`` (FIFO queues and
+fair queues) as UTF-8 bytes or ``None``, ``headers`` the *message* attributes
+(``String``/``Number`` types as their UTF-8 string value, ``Binary`` as its bytes;
+custom ``String.x`` / ``Number.x`` / ``Binary.x`` types alike), ``id`` the
+``MessageId``, ``attempt`` the ``ApproximateReceiveCount``. System attributes
+(``SentTimestamp``, ``SenderId``, ...) are not headers: they describe the delivery,
+not the message, and stay in ``message.raw["Attributes"]``.
+
+Per-entry failures of a batch
 call are retried, then logged on ``ackgate.adapters.sqs`` with the message ids; an
 expired receipt handle is logged, never fatal (SQS redelivers the message). Errors
 of a whole call propagate: from polling they end the group, from ``advance`` they
@@ -46,7 +75,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from ackgate import AdvanceItem, AdvanceOutcome, SharedStreamProducer
+from ackgate import AdvanceItem, AdvanceOutcome, Message, SharedStreamProducer
 
 logger = logging.getLogger("ackgate.adapters.sqs")
 
@@ -54,6 +83,7 @@ REASON_ATTRIBUTE = "ackgate.reason"
 """Message attribute naming why a message was dead-lettered through ``dlq_queue_url``."""
 
 _BATCH_LIMIT = 10  # SQS takes at most ten entries per batch call
+_REASON_LIMIT = 4096  # characters of ackgate.reason
 _ATTEMPTS = 3
 _RETRY_DELAY = 0.2
 # Entry codes meaning the receipt handle no longer names an in-flight message:
@@ -91,6 +121,20 @@ class _Receipt:
 def _chunks(receipts: Sequence[_Receipt]) -> Iterator[Sequence[_Receipt]]:
     for start in range(0, len(receipts), _BATCH_LIMIT):
         yield receipts[start : start + _BATCH_LIMIT]
+
+
+def _attribute_bytes(value: dict[str, Any]) -> bytes:
+    """A message attribute's value: ``Binary`` types as they are, the others UTF-8."""
+    if str(value.get("DataType", "")).startswith("Binary"):
+        return bytes(value.get("BinaryValue", b""))
+    return str(value.get("StringValue", "")).encode()
+
+
+def _with_reasons(summary: str, outcome: AdvanceOutcome) -> str:
+    """``summary``, then the rejecting subscribers' reasons (SPEC §8), capped in length."""
+    reasons: tuple[str, ...] = getattr(outcome, "reasons", ())
+    text = "; ".join((summary, *reasons))
+    return text if len(text) <= _REASON_LIMIT else text[: _REASON_LIMIT - 3] + "..."
 
 
 def _ids(failures: Sequence[tuple[_Receipt, str]]) -> str:
@@ -230,6 +274,31 @@ class SqsStreamProducer(SharedStreamProducer):
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         receipt: _Receipt = broker_payload
         return receipt.lane
+
+    def get_event_id(self, broker_payload: Any) -> Hashable | None:
+        """The ``MessageId``: the same for every receive of one message (SPEC §13)."""
+        receipt: _Receipt = broker_payload
+        return receipt.message_id
+
+    def to_message(self, raw_event: Any, broker_payload: Any) -> Message:
+        """The :class:`~ackgate.Message` of one received message (see the module docstring)."""
+        receipt: _Receipt = broker_payload
+        message: dict[str, Any] = raw_event
+        system = message.get("Attributes", {})
+        group = system.get("MessageGroupId")
+        count = system.get("ApproximateReceiveCount")
+        return Message(
+            body=str(message.get("Body", "")).encode(),
+            key=None if group is None else str(group).encode(),
+            headers={
+                name: _attribute_bytes(value)
+                for name, value in message.get("MessageAttributes", {}).items()
+            },
+            id=receipt.message_id,
+            lane=receipt.lane,
+            attempt=None if count is None else int(count),
+            raw=message,
+        )
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """Delete, dead-letter or release each message (see the module docstring).
@@ -388,7 +457,9 @@ class SqsStreamProducer(SharedStreamProducer):
         dlq_url = self._dlq_url
         assert dlq_url is not None  # advance() dead-letters only with a DLQ
         reasons = {
-            id(receipt): f"rejected by {o.rejected} of {o.acked + o.rejected} subscribers"
+            id(receipt): _with_reasons(
+                f"rejected by {o.rejected} of {o.acked + o.rejected} subscribers", o
+            )
             for receipt, o in dead
         }
         receipts = [receipt for receipt, _ in dead]

@@ -126,13 +126,57 @@ class ScriptedProducer(SharedStreamProducer):
 
 
 class FakeClock:
-    """A monotonic clock a test moves by hand: ``SharedStreamManager(clock=clock)``."""
+    """A monotonic clock a test moves by hand: ``SharedStreamManager(clock=clock)``.
+
+    :meth:`advance` makes every ack timeout that falls due fire then, without real
+    waiting and without a later pull or broadcast: each group's timer waits on
+    :meth:`sleep_until`, which :meth:`advance` resolves. The expiry itself runs on
+    the event loop's next turn, so after ``clock.advance(seconds)`` a test awaits
+    exactly one ``await asyncio.sleep(0)``; then every subscriber that owed an
+    expired event is force-failed (counted ``failed``, its next pull raises
+    ``AckTimeout``). The advances this frees run in later turns, as usual:
+    await them (``ScriptedProducer.wait_advanced``).
+
+    >>> clock = FakeClock()
+    >>> clock.advance(60.0)
+    >>> clock()
+    1060.0
+
+    One clock may serve several managers and event loops; call :meth:`advance`
+    from the thread that runs them.
+    """
 
     def __init__(self, start: float = 1000.0) -> None:
         self.now = start
+        #: Futures of :meth:`sleep_until` callers not woken yet, with their deadlines.
+        self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
 
     def __call__(self) -> float:
         return self.now
 
     def advance(self, seconds: float) -> None:
+        """Move the clock forward by ``seconds`` and wake every :meth:`sleep_until`
+        whose deadline is reached (see the class docstring for what to await)."""
         self.now += seconds
+        waiting = []
+        for deadline, future in self._sleepers:
+            if future.done():  # its waiter was cancelled: forget it
+                continue
+            if deadline <= self.now:
+                future.set_result(None)
+            else:
+                waiting.append((deadline, future))
+        self._sleepers = waiting
+
+    async def sleep_until(self, deadline: float) -> None:
+        """Return once the clock reads ``deadline`` or later: when :meth:`advance`
+        gets there, never on real time. Caller: a group's ack-timeout timer.
+
+        Cancellation: returns nothing; the clock forgets the waiter on its next move.
+        """
+        if self.now >= deadline:
+            await asyncio.sleep(0)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._sleepers.append((deadline, future))
+        await future

@@ -1,0 +1,276 @@
+"""Real brokers for tests and development: an address you give, a container, or a local process.
+
+:func:`broker` is a context manager that yields the connection settings of a running
+broker and stops whatever it started on exit. It tries, in this order:
+
+1. **given**: the address in the broker's variable (``ACKGATE_KAFKA_BOOTSTRAP``,
+   ``ACKGATE_SQS_ENDPOINT``, ``PUBSUB_EMULATOR_HOST``, ``ACKGATE_SERVICEBUS_CONNECTION``).
+   It must answer; a given address that does not is a failure, never a fallback.
+2. **container**: through testcontainers, when a Docker API answers. Images are
+   overridable (``ACKGATE_KAFKA_IMAGE``, ``ACKGATE_SQS_IMAGE``, ``ACKGATE_PUBSUB_IMAGE``,
+   ``ACKGATE_SERVICEBUS_IMAGE``, ``ACKGATE_SERVICEBUS_SQL_IMAGE``).
+3. **local**: a child process (Kafka from Maven jars, moto's server, the Cloud SDK's
+   Pub/Sub emulator). Service Bus has none.
+
+``ACKGATE_BROKERS=container`` or ``local`` allows only that path; ``auto`` (the
+default) tries the container, then the local process. When nothing works,
+:class:`NoBroker` says what was tried and why each path failed.
+
+For development::
+
+    python -m ackgate.testing.brokers up kafka [--container | --local]
+
+prints ``export ACKGATE_KAFKA_BOOTSTRAP=127.0.0.1:39092`` and runs until Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Callable, Generator, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Literal
+
+from ackgate.testing import _local
+
+__all__ = [
+    "Broker",
+    "KafkaBroker",
+    "NoBroker",
+    "PubSubBroker",
+    "ServiceBusBroker",
+    "SqsBroker",
+    "broker",
+    "brokers_mode",
+]
+
+Kind = Literal["kafka", "sqs", "pubsub", "servicebus"]
+KINDS: tuple[Kind, ...] = ("kafka", "sqs", "pubsub", "servicebus")
+Mode = Literal["auto", "container", "local"]
+
+
+@dataclass(frozen=True)
+class KafkaBroker:
+    """A Kafka broker: give ``bootstrap`` to the adapter as ``bootstrap_servers``."""
+
+    bootstrap: str
+    origin: str = "given"
+
+    def env(self) -> dict[str, str]:
+        return {"ACKGATE_KAFKA_BOOTSTRAP": self.bootstrap}
+
+
+@dataclass(frozen=True)
+class SqsBroker:
+    """An SQS endpoint with the region and (dummy) credentials that go with it.
+
+    ``server`` is ``"moto"`` when moto answers (its FIFO queues reorder a message group
+    after a visibility timeout, real SQS does not), else ``"sqs"``.
+    """
+
+    endpoint_url: str
+    region_name: str = "us-east-1"
+    aws_access_key_id: str = "testing"
+    aws_secret_access_key: str = "testing"
+    server: str = "sqs"
+    origin: str = "given"
+
+    def env(self) -> dict[str, str]:
+        return {
+            "ACKGATE_SQS_ENDPOINT": self.endpoint_url,
+            "AWS_DEFAULT_REGION": self.region_name,
+            "AWS_ACCESS_KEY_ID": self.aws_access_key_id,
+            "AWS_SECRET_ACCESS_KEY": self.aws_secret_access_key,
+        }
+
+
+@dataclass(frozen=True)
+class PubSubBroker:
+    """A Pub/Sub emulator: the Google clients find it through ``PUBSUB_EMULATOR_HOST``."""
+
+    emulator_host: str
+    project: str = "ackgate-test"
+    origin: str = "given"
+
+    def env(self) -> dict[str, str]:
+        return {"PUBSUB_EMULATOR_HOST": self.emulator_host}
+
+
+@dataclass(frozen=True)
+class ServiceBusBroker:
+    """A Service Bus (emulator) namespace, as a connection string."""
+
+    connection_string: str
+    origin: str = "given"
+
+    def env(self) -> dict[str, str]:
+        return {"ACKGATE_SERVICEBUS_CONNECTION": self.connection_string}
+
+
+Broker = KafkaBroker | SqsBroker | PubSubBroker | ServiceBusBroker
+
+GIVEN = {
+    "kafka": "ACKGATE_KAFKA_BOOTSTRAP",
+    "sqs": "ACKGATE_SQS_ENDPOINT",
+    "pubsub": "PUBSUB_EMULATOR_HOST",
+    "servicebus": "ACKGATE_SERVICEBUS_CONNECTION",
+}
+
+
+@dataclass
+class NoBroker(RuntimeError):
+    """No path produced a broker. ``attempts`` pairs each path tried with why it failed."""
+
+    kind: str
+    attempts: list[tuple[str, str]] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        tried = "\n".join(f"- {path}: {why}" for path, why in self.attempts)
+        return f"no {self.kind} broker for the tests; tried:\n{tried}"
+
+
+def brokers_mode() -> Mode:
+    """``ACKGATE_BROKERS``: ``auto`` (default), ``container`` or ``local``."""
+    mode = os.environ.get("ACKGATE_BROKERS", "auto").strip().lower() or "auto"
+    if mode not in ("auto", "container", "local"):
+        raise ValueError(f"ACKGATE_BROKERS={mode!r}: expected auto, container or local")
+    return mode  # type: ignore[return-value]
+
+
+def _given(kind: Kind, value: str) -> Broker:
+    if kind == "kafka":
+        if not asyncio.run(_local.kafka_metadata_ok(value)):
+            raise _local.ServerDidNotStart("does not answer Kafka metadata requests")
+        return KafkaBroker(value, origin="given")
+    if kind == "sqs":
+        endpoint = value.rstrip("/")
+        if _local.http_status(f"{endpoint}/") is None:
+            raise _local.ServerDidNotStart("does not answer HTTP")
+        return SqsBroker(endpoint, server=_sqs_server(endpoint), origin="given")
+    if kind == "pubsub":
+        if not _local.pubsub_emulator_ready(value):
+            raise _local.ServerDidNotStart("does not answer like the Pub/Sub emulator")
+        return PubSubBroker(value, origin="given")
+    return ServiceBusBroker(value, origin="given")  # checked by the first client that connects
+
+
+def _sqs_server(endpoint: str) -> str:
+    return "moto" if _local.answers(f"{endpoint}/moto-api/") else "sqs"
+
+
+def _wrap(
+    kind: Kind, origin: str, start: Callable[[], AbstractContextManager[str]]
+) -> Generator[Broker, None, None]:
+    with start() as address:
+        if kind == "kafka":
+            yield KafkaBroker(address, origin=origin)
+        elif kind == "sqs":
+            yield SqsBroker(address, server=_sqs_server(address), origin=origin)
+        elif kind == "pubsub":
+            yield PubSubBroker(address, origin=origin)
+        else:
+            yield ServiceBusBroker(address, origin=origin)
+
+
+def _container_path(kind: Kind) -> tuple[str, Callable[[], AbstractContextManager[str]]]:
+    from ackgate.testing import _containers
+
+    name = _containers.image("servicebus" if kind == "servicebus" else kind)
+    return f"container {name}", getattr(_containers, kind)
+
+
+@contextmanager
+def broker(kind: Kind, mode: Mode | None = None) -> Iterator[Broker]:
+    """A running ``kind`` broker for the duration of the block (see the module docstring).
+
+    Raises :class:`NoBroker` listing every path tried and why it failed.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown broker {kind!r}: expected one of {', '.join(KINDS)}")
+    mode = mode or brokers_mode()
+    failure = NoBroker(kind)
+    given = os.environ.get(GIVEN[kind])
+    if given:
+        try:
+            found = _given(kind, given)
+        except Exception as exc:
+            failure.attempts.append((f"{GIVEN[kind]}={given}", str(exc)))
+            raise failure from None
+        yield found
+        return
+    failure.attempts.append((GIVEN[kind], "not set"))
+    paths: list[tuple[str, Callable[[], AbstractContextManager[str]]]] = []
+    if mode in ("auto", "container"):
+        try:
+            from ackgate.testing import _containers
+
+            _containers.docker_client().close()
+            paths.append(_container_path(kind))
+        except Exception as exc:
+            failure.attempts.append(("container", f"no Docker API: {type(exc).__name__}: {exc}"))
+    else:
+        failure.attempts.append(("container", "not tried: ACKGATE_BROKERS=local"))
+    if mode in ("auto", "local"):
+        if kind == "servicebus":
+            failure.attempts.append(("local", "no local Service Bus server exists"))
+        else:
+            paths.append((f"local {kind}", getattr(_local, kind)))
+    else:
+        failure.attempts.append(("local", "not tried: ACKGATE_BROKERS=container"))
+    for origin, start in paths:
+        running = _wrap(kind, origin, start)
+        try:
+            found = next(running)
+        except Exception as exc:
+            failure.attempts.append((origin, f"{type(exc).__name__}: {exc}"))
+            continue
+        try:
+            yield found
+        finally:
+            running.close()
+        return
+    raise failure
+
+
+def _up(kind: Kind, mode: Mode) -> int:
+    def interrupted(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
+    try:
+        with broker(kind, mode) as running:
+            for name, value in running.env().items():
+                print(f"export {name}={value}", flush=True)
+            print(f"# {kind} from {running.origin}; Ctrl-C stops it", flush=True)
+            while True:
+                signal.pause()
+    except KeyboardInterrupt:
+        return 0
+    except NoBroker as exc:
+        print(exc, file=sys.stderr)
+        return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m ackgate.testing.brokers", description="Start a broker for development."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    up = commands.add_parser("up", help="start a broker, print its address, stop on Ctrl-C")
+    up.add_argument("kind", choices=KINDS)
+    where = up.add_mutually_exclusive_group()
+    where.add_argument("--container", dest="mode", action="store_const", const="container")
+    where.add_argument("--local", dest="mode", action="store_const", const="local")
+    args = parser.parse_args(argv)
+    # The variable that names a given address would short-circuit "up": ignore it here.
+    os.environ.pop(GIVEN[args.kind], None)
+    return _up(args.kind, args.mode or brokers_mode())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""Fresh topics, queues and subscriptions per test, on the brokers of :mod:`.brokers`.
+
+Each helper names what it creates ``ackgate-<hex>`` so tests sharing a session broker
+never see each other's messages. Each call opens and closes its own client, so a
+helper can be used from any event loop; nothing is deleted afterwards (the broker
+goes with the session). The broker's SDK is imported on first use.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from ackgate.testing.brokers import KafkaBroker, PubSubBroker, SqsBroker
+
+
+def unique(prefix: str = "ackgate") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+class KafkaFresh:
+    """``await fresh.topic(partitions=3)`` creates a topic; ``fresh.group()`` names a group."""
+
+    def __init__(self, broker: KafkaBroker) -> None:
+        self.broker = broker
+        self.bootstrap = broker.bootstrap
+
+    async def topic(self, partitions: int = 1) -> str:
+        from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+        name = unique()
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(name, partitions, 1)])
+        finally:
+            await admin.close()
+        return name
+
+    def group(self) -> str:
+        return unique("group")
+
+
+class SqsFresh:
+    """``await fresh.queue(fifo=True, dead_letter_to=url)`` creates a queue, returns its URL."""
+
+    def __init__(self, broker: SqsBroker) -> None:
+        self.broker = broker
+        self.endpoint_url = broker.endpoint_url
+
+    def client(self) -> Any:
+        """An aiobotocore SQS client context manager for this endpoint."""
+        from aiobotocore.session import get_session
+
+        return get_session().create_client(
+            "sqs",
+            region_name=self.broker.region_name,
+            endpoint_url=self.broker.endpoint_url,
+            aws_access_key_id=self.broker.aws_access_key_id,
+            aws_secret_access_key=self.broker.aws_secret_access_key,
+        )
+
+    async def queue(
+        self, *, fifo: bool = False, dead_letter_to: str | None = None, max_receive_count: int = 2
+    ) -> str:
+        name = unique() + (".fifo" if fifo else "")
+        attributes: dict[str, str] = {"FifoQueue": "true"} if fifo else {}
+        async with self.client() as client:
+            if dead_letter_to is not None:
+                got = await client.get_queue_attributes(
+                    QueueUrl=dead_letter_to, AttributeNames=["QueueArn"]
+                )
+                attributes["RedrivePolicy"] = json.dumps(
+                    {
+                        "deadLetterTargetArn": got["Attributes"]["QueueArn"],
+                        "maxReceiveCount": str(max_receive_count),
+                    }
+                )
+            response = await client.create_queue(QueueName=name, Attributes=attributes)
+        return str(response["QueueUrl"])
+
+
+class PubSubFresh:
+    """``await fresh.topic()`` and ``await fresh.subscription(topic, ordering=True)``
+    create resources in the broker's project and return their full names."""
+
+    def __init__(self, broker: PubSubBroker) -> None:
+        self.broker = broker
+        self.emulator_host = broker.emulator_host
+
+    def _clients(self) -> tuple[Any, Any]:
+        import grpc
+        from google.pubsub_v1 import PublisherAsyncClient, SubscriberAsyncClient
+        from google.pubsub_v1.services.publisher.transports import PublisherGrpcAsyncIOTransport
+        from google.pubsub_v1.services.subscriber.transports import (
+            SubscriberGrpcAsyncIOTransport,
+        )
+
+        channel = grpc.aio.insecure_channel(self.emulator_host)
+        publisher = PublisherAsyncClient(transport=PublisherGrpcAsyncIOTransport(channel=channel))
+        channel = grpc.aio.insecure_channel(self.emulator_host)
+        subscriber = SubscriberAsyncClient(
+            transport=SubscriberGrpcAsyncIOTransport(channel=channel)
+        )
+        return publisher, subscriber
+
+    async def topic(self) -> str:
+        name = f"projects/{self.broker.project}/topics/{unique()}"
+        publisher, subscriber = self._clients()
+        try:
+            await publisher.create_topic(name=name)
+        finally:
+            await publisher.transport.close()
+            await subscriber.transport.close()
+        return name
+
+    async def subscription(
+        self,
+        topic: str,
+        *,
+        ordering: bool = False,
+        dead_letter_topic: str | None = None,
+        max_delivery_attempts: int = 5,
+        ack_deadline_seconds: int = 10,
+    ) -> str:
+        from google.pubsub_v1 import DeadLetterPolicy, Subscription
+
+        name = f"projects/{self.broker.project}/subscriptions/{unique()}"
+        request = Subscription(
+            name=name,
+            topic=topic,
+            ack_deadline_seconds=ack_deadline_seconds,
+            enable_message_ordering=ordering,
+        )
+        if dead_letter_topic is not None:
+            request.dead_letter_policy = DeadLetterPolicy(
+                dead_letter_topic=dead_letter_topic, max_delivery_attempts=max_delivery_attempts
+            )
+        publisher, subscriber = self._clients()
+        try:
+            await subscriber.create_subscription(request=request)
+        finally:
+            await publisher.transport.close()
+            await subscriber.transport.close()
+        return name
