@@ -28,7 +28,9 @@ What each outcome does to the broker (``advance`` walks every batch in order):
   offset of the partition moves past the event.
 * **rejected** (nobody failed, someone rejected): the record is copied to
   ``<topic>.dlq`` (same partition number, same key and value; ``reason`` and
-  ``origin`` name why and where it came from), then committed past.
+  ``origin`` name why and where it came from: ``reason`` is ``"rejected by R of N
+  subscribers"``, then ``": "`` and the subscribers' reasons (SPEC §8) joined by
+  ``"; "`` when they gave some), then committed past.
 * **failed**, or **broadcast to nobody** (all counts zero): the partition is
   *held*. Nothing in it is committed past the event, and the producer seeks the
   partition back to it, so it is delivered again, followed by every later event
@@ -394,6 +396,8 @@ class MemoryStreamProducer(SharedStreamProducer):
             record = self._broker._log(self._topic)[partition][committed]
             total = outcome.acked + outcome.rejected
             reason = f"rejected by {outcome.rejected} of {total} subscribers"
+            if outcome.reasons:
+                reason += ": " + "; ".join(outcome.reasons)
             dlq = self._broker._dead_letter(record, reason)
             counts["dead_lettered"] += 1
             logger.debug("dead-lettered %s[%d]@%d to %s[%d]@%d", self._topic, partition,
