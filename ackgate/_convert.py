@@ -4,7 +4,7 @@
 :class:`MessageProducer` wraps the user's producer. Its stream yields
 ``(producer.to_message(raw, payload), payload)``, so every handler receives the same
 ``Message`` object, and everything else is the inner producer's: ``advance``,
-``get_advance_lane`` and ``aclose`` are delegated unchanged.
+``get_advance_lane``, ``get_event_id`` and ``aclose`` are delegated unchanged.
 
 A conversion error ends the group loudly (``StreamTerminated``, the error as
 ``__cause__``) rather than rejecting the one message: ``to_message`` failing is an
@@ -51,6 +51,9 @@ class MessageProducer(SharedStreamProducer):
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         return self._inner.get_advance_lane(broker_payload)
+
+    def get_event_id(self, broker_payload: Any) -> Hashable | None:
+        return self._inner.get_event_id(broker_payload)
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """The inner producer's ``advance``; raising or cancellation as there."""

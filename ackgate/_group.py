@@ -217,9 +217,12 @@ class Group:
         log.trim()
 
     def _wake(self, sub: Subscription) -> None:
+        """``sub`` left or was force-failed: a pull, and ``wait_failed``, must see it."""
         waiter = sub._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+        if sub._unusable is not None:
+            sub._unusable.set()
 
     # -- resolution ----------------------------------------------------------------
 
@@ -626,6 +629,9 @@ class Group:
             if not waiter.done():
                 waiter.set_result(None)
         self.waiters.clear()
+        for sub in self.members.values():
+            if sub._unusable is not None:
+                sub._unusable.set()
         self.room.set()
         self.stop_task = asyncio.get_running_loop().create_task(self._stop(reason))
         self._release(self)

@@ -41,10 +41,8 @@ class SharedStreamProducer(ABC):
         group ends and subscribers get ``StreamTerminated``); so is yielding
         anything but a 2-tuple (``StreamTerminated`` with the error as
         ``__cause__``). Cancellation arrives at a ``yield`` or an ``await``
-        when the group stops, once: the ``finally`` may await and runs to its
-        end. Clean up there but keep the connection that :meth:`advance` needs.
-        A ``CancelledError`` raised by the generator itself (not by that
-        cancellation) is a failure like any other: ``StreamTerminated``.
+        when the group stops; clean up in ``finally`` but keep the connection
+        that :meth:`advance` needs.
         """
 
     @abstractmethod
@@ -60,10 +58,8 @@ class SharedStreamProducer(ABC):
         (commit, dead-letter, redeliver) is the producer's decision.
 
         Raising ends the group: every subscriber gets ``AdvanceFailed`` with this
-        exception as ``__cause__`` (a ``CancelledError`` raised by the call itself
-        included). Cancellation: not cancelled by ackgate once started, except
-        when the manager's own task is cancelled. :meth:`aclose` never overlaps a
-        call in flight.
+        exception as ``__cause__``. Cancellation: not cancelled by ackgate once
+        started, except when the manager's own task is cancelled.
         """
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
@@ -97,18 +93,21 @@ class SharedStreamProducer(ABC):
         restarts it after a backoff, and the broker redelivers.
 
         The default accepts ``bytes`` raw events only: ``Message(body=raw_event,
-        id=repr(broker_payload), lane=self.get_advance_lane(broker_payload),
-        raw=raw_event)``, no key, no headers, no delivery count. Anything else is a
-        ``TypeError`` naming the producer class. Adapters override it.
+        id=..., lane=self.get_advance_lane(broker_payload), raw=raw_event)``, no
+        key, no headers, no delivery count; ``id`` is ``str(get_event_id(payload))``
+        when the producer gives ids (SPEC §13), else ``repr(broker_payload)``.
+        Anything else is a ``TypeError`` naming the producer class. Adapters
+        override it.
         """
         if not isinstance(raw_event, bytes):
             raise TypeError(
                 f"{type(self).__name__} yields {type(raw_event).__name__} raw events; the "
                 "default to_message() takes bytes only: override to_message() to convert them"
             )
+        event_id = self.get_event_id(broker_payload)
         return Message(
             body=raw_event,
-            id=repr(broker_payload),
+            id=repr(broker_payload) if event_id is None else str(event_id),
             lane=self.get_advance_lane(broker_payload),
             raw=raw_event,
         )

@@ -117,9 +117,10 @@ def _load(target: str) -> list[Service]:
     try:
         value: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as error:
-        if error.name is None or not module_name.startswith(error.name):
+        missing = error.name or ""
+        if missing != module_name and not module_name.startswith(missing + "."):
             raise  # the module exists but imports something missing: its own bug
-        raise BadTarget(f"cannot import {module_name!r}: no module named {error.name!r}") from None
+        raise BadTarget(f"cannot import {module_name!r}: no module named {missing!r}") from None
     for attr in attr_path.split("."):
         try:
             value = getattr(value, attr)

@@ -150,6 +150,9 @@ class Service:
         :class:`~ackgate.Message`: returning acks it, ``raise Reject(reason)``
         rejects it (dead-lettered, never retried), any other exception is retried
         per ``retry``, then the message fails for this handler and is redelivered.
+        Retries, backoffs included, count against the manager's ``ack_timeout``: a
+        message not resolved by then fails for this handler, its calls in progress
+        are cancelled and it is subscribed again (the broker redelivers).
         At most ``concurrency`` calls run at once; ``ordering`` is ``"lane"`` (one
         at a time per ``Message.lane``, in stream order), ``"key"`` (one at a time
         per ``Message.key``; messages without a key are not ordered) or ``"none"``.

@@ -78,6 +78,9 @@ class Subscription:
         self._failure: Exception | None = None
         self._left = False
         self._waiter: asyncio.Future[None] | None = None
+        #: Set by the group once a pull would raise (force-failed, the group ended)
+        #: or the subscription left: what :meth:`wait_failed` waits for. Made on demand.
+        self._unusable: asyncio.Event | None = None
         #: This subscriber id's bit in the group's redelivery memory (None: none).
         self._bit: int | None = None
         #: Subscription order: how many subscriptions the group had before this one
@@ -151,6 +154,83 @@ class Subscription:
             if _current_subscription.get() is not self:
                 _current_subscription.set(self)
         return event.raw
+
+    async def pull_bound(self, max_events: int) -> list[tuple[Any, int]]:
+        """Pull up to ``max_events`` events at once, each with one output bound to it.
+
+        The bulk form of ``raw = await anext(sub); seq = sub.bind()``, for a
+        subscriber that batches or runs events concurrently: it waits, as a pull
+        does, until an event is there, then hands out every event already queued for
+        this subscriber, up to ``max_events``, in stream order, binding one output to
+        each while its window is open. One await per call, not one per event.
+        Returns ``(raw_event, seq)`` pairs; the window is left open on the last one.
+
+        Each event then resolves exactly as if it had been pulled and bound alone:
+        ``acked`` once its number is confirmed (the last one's window must close
+        too), ``rejected`` / ``failed`` through ``reject_bound`` / ``fail_bound``,
+        ``failed`` by the ack timeout if none of them comes. Leaving with an
+        exception fails the last one only: fail the others' numbers yourself.
+
+        Ack mode only (``RuntimeError`` otherwise); ``max_events`` must be an int
+        >= 1 (``ValueError``). Raises what a pull raises. Cancellation while waiting
+        hands out nothing and changes nothing.
+        """
+        group = self._group
+        if not group.ack_mode:
+            raise RuntimeError("pull_bound() needs an ack-mode subscription (producer=)")
+        if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
+            raise ValueError(f"max_events must be an int >= 1, got {max_events!r}")
+        raw = await self.__anext__()
+        seq = self.bind()
+        assert seq is not None, "an event just handed out is this subscriber's to bind"
+        pulled = [(raw, seq)]
+        log = group.log
+        outputs = self._outputs
+        bind = self._registry.bind
+        # The hand-out below mirrors ``__anext__``'s (kept inline there: the hot path).
+        while len(pulled) < max_events and self._cursor < log.head:
+            event = log.entries[self._cursor - log.base]
+            self._cursor += 1
+            event.undelivered -= 1
+            if event.undelivered == 0:
+                log.trim()
+            if event.skipped and self._skips(event):
+                continue  # counted acked at broadcast: it acked an earlier copy
+            current = self._current
+            assert current is not None and current in outputs, "the open window is bound"
+            self._close_window(current)  # unresolved until its output resolves
+            self._current = event
+            self._current_resolved = False
+            outputs[event] = 1
+            pulled.append((event.raw, bind(self, event)))
+        if group.blocked:
+            group.room.set()
+        return pulled
+
+    async def wait_failed(self) -> Exception:
+        """Wait until a pull would raise instead of handing out an event, and return
+        that exception (without raising it): the subscription was force-failed
+        (``AckTimeout``, ``SubscriberOverflow``) or its group ended
+        (``StreamTerminated``, ``AdvanceFailed``). Returns at once if so already.
+
+        For a subscriber that holds events without pulling (one that runs calls
+        concurrently or batches): it learns of a force-fail or of the end of the
+        group at once, not at its next pull. ``RuntimeError`` once the
+        subscription was left (also when it is left while waiting).
+
+        Cancellation: nothing changes.
+        """
+        group = self._group
+        while True:
+            if self._left:
+                raise RuntimeError(f"{self!r} was left")
+            if self._failure is not None:
+                return self._failure
+            if group.terminal is not None:
+                return group.terminal_error()
+            if self._unusable is None:
+                self._unusable = asyncio.Event()
+            await self._unusable.wait()
 
     def _skips(self, event: Event) -> bool:
         """Whether this subscriber acked an earlier copy of ``event`` (SPEC §13)."""

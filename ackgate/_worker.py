@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from ackgate._calls import UNORDERED, Calls, Job
 from ackgate._errors import AckTimeout, StreamTerminated, SubscriberOverflow
@@ -87,39 +87,45 @@ class HandlerWorker:
             calls = self._calls = Calls(self.spec, self._manager, self._counters)
             pull = self._pull_batches if self.spec.batched else self._pull_each
             feed = self._feed = loop.create_task(pull(subscription, calls))
+            # The feed learns of a force-fail at its next pull; a feed waiting for
+            # room (every slot busy, perhaps hung) learns of it from this watch.
+            watch = loop.create_task(subscription.wait_failed())
             try:
-                try:
-                    await feed
-                except asyncio.CancelledError:
-                    task = asyncio.current_task()
-                    if self._stop_at is None or (task is not None and task.cancelling()):
-                        raise
+                await asyncio.wait((feed, watch), return_when=asyncio.FIRST_COMPLETED)
+                error = _why_ended(feed, watch)
+                if error is None:  # stop() cancelled the feed
+                    assert self._stop_at is not None
                     await calls.finish(self._stop_at)
                     return None
-                except (AckTimeout, SubscriberOverflow) as error:
-                    logger.warning(
-                        "handler %r was force-failed (%s); its calls in progress are "
-                        "cancelled and what it owed is redelivered; subscribing again",
-                        self.spec.id,
-                        type(error).__name__,
-                    )
-                except StreamTerminated as error:
+                if isinstance(error, StreamTerminated):
                     return error
+                if not isinstance(error, AckTimeout | SubscriberOverflow):
+                    raise error
+                logger.warning(
+                    "handler %r was force-failed (%s); its calls in progress are "
+                    "cancelled and what it owed is redelivered; subscribing again",
+                    self.spec.id,
+                    type(error).__name__,
+                )
             finally:
+                feed.cancel()
+                watch.cancel()
                 self._feed = self._calls = None
                 await calls.abort()
                 await subscription.aclose()
         return None
 
     async def _pull_each(self, subscription: Subscription, calls: Calls) -> NoReturn:
-        """Per-message handlers: one job per message, ordered by the handler's ordering."""
+        """Per-message handlers: one job per message, ordered by the handler's ordering.
+        Pulls as many messages at once as there is room for (one await for them all)."""
         order_by = self._order_by
-        async for message in subscription:
-            seq = _ticket(subscription)
-            calls.submit(Job(message, (message,), (seq,), order_by(message)))
-            if calls.held >= calls.capacity:
+        while True:
+            room = calls.capacity - calls.held
+            if room <= 0:
                 await calls.wait_room()
-        raise AssertionError("a subscription ends only once left")
+                continue
+            for message, seq in await subscription.pull_bound(room):
+                calls.submit(Job(message, (message,), (seq,), order_by(message)))
 
     async def _pull_batches(self, subscription: Subscription, calls: Calls) -> NoReturn:
         """Batch handlers: up to ``batch_size`` messages, ``batch_wait`` after the first."""
@@ -129,26 +135,29 @@ class HandlerWorker:
         while True:
             if calls.held >= calls.capacity:
                 await calls.wait_room()
-            first = await anext(subscription)
-            messages: list[Any] = [first]
-            seqs = [_ticket(subscription)]
+            pulled = await subscription.pull_bound(size)
             try:
                 deadline = loop.time() + wait
-                while len(messages) < size:
+                while len(pulled) < size:
                     try:
                         async with asyncio.timeout_at(deadline):
-                            message = await anext(subscription)
+                            pulled += await subscription.pull_bound(size - len(pulled))
                     except TimeoutError:
                         break
-                    messages.append(message)
-                    seqs.append(_ticket(subscription))
             except BaseException:
-                self._manager.fail_bound(seqs)  # never handed to the handler
+                self._manager.fail_bound(seq for _, seq in pulled)  # never handed out
                 raise
-            calls.submit(Job(messages, messages, seqs, UNORDERED))
+            messages = [message for message, _ in pulled]
+            calls.submit(Job(messages, messages, [seq for _, seq in pulled], UNORDERED))
 
 
-def _ticket(subscription: Subscription) -> int:
-    seq = subscription.bind()
-    assert seq is not None, "a pulled event of an ack-mode subscription binds"
-    return seq
+def _why_ended(
+    feed: asyncio.Task[NoReturn], watch: asyncio.Task[Exception]
+) -> BaseException | None:
+    """What ended a session's feed: the subscription's failure, the feed's own
+    exception, or ``None`` when the feed was cancelled (by ``stop()``)."""
+    if watch.done():
+        return watch.result()
+    if feed.cancelled():
+        return None
+    return feed.exception()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import time
 from typing import Literal
 
@@ -75,6 +76,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=20_000, help="default: %(default)s")
     opts = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)  # each case's stop logs the group pausing
     print(
         f"{opts.messages} messages, {LANES} lanes, {len(HANDLERS)} handlers x "
         f"{SLEEP * 1000:g} ms sleep per message\n"

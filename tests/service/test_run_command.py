@@ -142,3 +142,12 @@ def test_a_bad_target_exits_2_with_one_line(tmp_path: Path) -> None:
         assert process.returncode == 2, (target, err)
         assert err.startswith("ackgate run: ") and message in err, err
         assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_module_that_fails_to_import_shows_its_traceback(tmp_path: Path) -> None:
+    """Not a bad target: the module exists and has a bug of its own."""
+    (tmp_path / "broken.py").write_text("import a_dependency_nobody_installed\n")
+    process = ackgate_run(tmp_path, "broken:service")
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 1
+    assert "Traceback" in err and "a_dependency_nobody_installed" in err

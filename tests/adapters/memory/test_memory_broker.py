@@ -94,6 +94,17 @@ async def test_rejected_events_go_to_the_dlq_with_reason_and_origin() -> None:
     assert producer.stats.dead_lettered == 1
 
 
+async def test_the_dead_letter_reason_carries_the_subscribers_reasons() -> None:
+    broker = broker_with(["bad"])
+    producer = MemoryStreamProducer(broker, "t", "g")
+    ((_, position),) = await take(producer.open_stream(), 1)
+    outcome = AdvanceOutcome(0, 0, 2, ("auditor: torn", "indexer: not JSON"))
+    await producer.advance([AdvanceItem(position, outcome)])
+    [dead] = broker.records("t.dlq")
+    assert dead.reason == "rejected by 2 of 2 subscribers: auditor: torn; indexer: not JSON"
+    await producer.aclose()
+
+
 @pytest.mark.parametrize("outcome", [FAIL, NOBODY, AdvanceOutcome(0, 1, 1)], ids=str)
 async def test_hold_seeks_back(outcome: AdvanceOutcome) -> None:
     broker = broker_with(["a", "b", "c", "d", "e"])
