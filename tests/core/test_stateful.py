@@ -429,7 +429,10 @@ class GroupMachine(RuleBasedStateMachine):
 
     def pulled(self, gen: Generation) -> None:
         """Caller: the producer, when the poll pulls the next event (broadcast next)."""
-        assert gen.terminal is None, "pulled after the group ended"
+        if gen.terminal is not None:
+            # The poll being torn down took one more item (its cancellation landed
+            # at the next await): it checks the group ended and never broadcasts it.
+            return
         assert self.outstanding(gen) < self.max_outstanding, "pulled at max_outstanding"
         event_id, lane = gen.backlog.popleft()
         if not gen.backlog:

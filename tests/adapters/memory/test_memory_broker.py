@@ -101,7 +101,7 @@ async def test_the_dead_letter_reason_carries_the_subscribers_reasons() -> None:
     outcome = AdvanceOutcome(0, 0, 2, ("auditor: torn", "indexer: not JSON"))
     await producer.advance([AdvanceItem(position, outcome)])
     [dead] = broker.records("t.dlq")
-    assert dead.reason == "rejected by 2 of 2 subscribers: auditor: torn; indexer: not JSON"
+    assert dead.reason == "rejected by 2 of 2 subscribers; auditor: torn; indexer: not JSON"
     await producer.aclose()
 
 
