@@ -170,7 +170,6 @@ class Calls:
     # -- running ------------------------------------------------------------------
 
     async def _slot(self) -> None:
-        slot = asyncio.current_task()
         ready = self._ready
         counters = self._counters
         try:
@@ -188,7 +187,9 @@ class Calls:
                     self._finished(job)
         finally:
             # At once, not in a done callback: a job submitted from now on needs a new slot.
-            self._slots.discard(slot)
+            slot = asyncio.current_task()
+            if slot is not None:  # always: this runs in the slot's own task
+                self._slots.discard(slot)
 
     def _finished(self, job: Job) -> None:
         """Caller: the slot that ran ``job``; it takes the next ready job, if any."""

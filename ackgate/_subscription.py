@@ -131,7 +131,11 @@ class Subscription:
                     log.trim()
                 if not (event.skipped and self._skips(event)):
                     break
-                continue  # counted acked at broadcast: it acked an earlier copy
+                # Counted acked at broadcast (it acked an earlier copy): pass it. A
+                # poll waiting for room may be waiting for exactly this cursor.
+                if group.blocked:
+                    group.room.set()
+                continue
             waiter = self._waiter = asyncio.get_running_loop().create_future()
             waiters = group.waiters
             waiters.add(waiter)

@@ -28,9 +28,9 @@ What each outcome does to the broker (``advance`` walks every batch in order):
   offset of the partition moves past the event.
 * **rejected** (nobody failed, someone rejected): the record is copied to
   ``<topic>.dlq`` (same partition number, same key and value; ``reason`` and
-  ``origin`` name why and where it came from: ``reason`` is ``"rejected by R of N
-  subscribers"``, then ``": "`` and the subscribers' reasons (SPEC §8) joined by
-  ``"; "`` when they gave some), then committed past.
+  ``origin`` name why and where it came from), then committed past. ``reason`` is
+  ``"rejected by R of N subscribers"``, then each reason given (SPEC §8,
+  ``"<subscriber_id>: <reason>"``, in subscription order), separated by ``"; "``.
 * **failed**, or **broadcast to nobody** (all counts zero): the partition is
   *held*. Nothing in it is committed past the event, and the producer seeks the
   partition back to it, so it is delivered again, followed by every later event
@@ -338,6 +338,15 @@ class MemoryStreamProducer(SharedStreamProducer):
         position: Position = broker_payload
         return position.partition
 
+    def get_event_id(self, broker_payload: Any) -> Hashable:
+        """``(partition, offset)``: a record's identity within the topic (SPEC §13).
+
+        A held partition is sought back and delivers its later records again; a
+        subscriber that acked one of them already is not handed the copy.
+        """
+        position: Position = broker_payload
+        return (position.partition, position.offset)
+
     def to_message(self, raw_event: Any, broker_payload: Any) -> Message:
         """The record as a :class:`~ackgate.Message`: its value as ``body``, its key,
         id ``"<topic>/<partition>/<offset>"``, lane = partition, ``raw`` = the
@@ -395,9 +404,9 @@ class MemoryStreamProducer(SharedStreamProducer):
         if outcome.rejected:
             record = self._broker._log(self._topic)[partition][committed]
             total = outcome.acked + outcome.rejected
-            reason = f"rejected by {outcome.rejected} of {total} subscribers"
-            if outcome.reasons:
-                reason += ": " + "; ".join(outcome.reasons)
+            reason = "; ".join(
+                (f"rejected by {outcome.rejected} of {total} subscribers", *outcome.reasons)
+            )
             dlq = self._broker._dead_letter(record, reason)
             counts["dead_lettered"] += 1
             logger.debug("dead-lettered %s[%d]@%d to %s[%d]@%d", self._topic, partition,

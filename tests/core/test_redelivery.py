@@ -199,3 +199,32 @@ def test_memory_never_reuses_a_subscriber_bit() -> None:
         memory.remember(n, 3)
     assert len(memory) == 4
     assert memory.acked_mask(9) == 1 << 3 and memory.acked_mask(0) == 0
+
+
+async def test_passing_skipped_copies_makes_room_for_a_blocked_poll(
+    clock: Any, identified: IdentifiedProducer
+) -> None:
+    """Regression: a subscriber that only passed skipped copies never woke the poll
+    waiting for room (overflow="block", and every rostered group), which then
+    stalled for good."""
+    async with SharedStreamManager(
+        clock=clock, overflow="block", subscriber_queue_size=2
+    ) as manager:
+        healthy, flaky = pair(manager, identified)
+        for n in range(3):
+            identified.feed(n, (n, 1))
+        for n in range(3):
+            assert await anext(flaky) == n
+            flaky.reject()
+            assert await anext(healthy) == n  # acks the one before
+        for n in range(3):
+            identified.feed(n, (n, 2))  # copies 0 and 1 are skipped for healthy
+        identified.feed("end", ("end", 1))
+        async with asyncio.timeout(5):
+            assert [await anext(flaky), await anext(flaky)] == [0, 1]
+            await turn()  # the poll now waits for healthy's cursor to make room
+            assert manager.stats()[0].outstanding < 6
+            # healthy acks 2 and passes the skipped copies 0 and 1: room for the rest
+            done = asyncio.ensure_future(anext(healthy))
+            assert [await anext(flaky), await anext(flaky)] == [2, "end"]
+            assert await done == "end"

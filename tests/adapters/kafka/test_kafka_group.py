@@ -7,6 +7,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from aiokafka.structs import TopicPartition
 
 from ackgate import (
     SharedStreamManager,
@@ -15,6 +16,7 @@ from ackgate import (
     reject_shared_stream_event,
 )
 from ackgate_kafka import KafkaStreamProducer
+from ackgate_test_support.reject_reasons import REASONS, reject_with_reasons
 
 from .kafka_testlib import KafkaTestCluster, free_port
 
@@ -132,6 +134,35 @@ async def test_rejects_land_in_dlq_and_failed_event_is_redelivered(
         assert headers["ackgate.original.partition"] == str(n % partitions).encode()
         assert headers["ackgate.original.offset"] == str(n // partitions).encode()
         assert headers["ackgate.reason"].startswith(b"rejected by 1 of ")
+
+
+async def test_the_dlq_reason_header_names_the_rejecting_subscribers_in_subscription_order(
+    kafka: KafkaTestCluster,
+) -> None:
+    topic, dlq, group = kafka.unique("reasons"), kafka.unique("dlq"), kafka.unique("g")
+    await kafka.create_topic(topic, 1)
+    await kafka.create_topic(dlq, 1)
+    await kafka.produce(topic, 1, 1)
+
+    def make() -> KafkaStreamProducer:
+        return KafkaStreamProducer(
+            topic, bootstrap_servers=kafka.bootstrap, group_id=group, dlq_topic=dlq
+        )
+
+    async with asyncio.timeout(60):
+        raw = await reject_with_reasons(topic, make)
+    assert (raw.partition, raw.offset, raw.value) == (0, 0, b"0")
+    [dead] = await kafka.read_all(dlq, 1)
+    assert dead.value == b"0"
+    assert dict(dead.headers) == {
+        "ackgate.original.topic": topic.encode(),
+        "ackgate.original.partition": b"0",
+        "ackgate.original.offset": b"0",
+        "ackgate.reason": b"rejected by 2 of 3 subscribers: "
+        b"auditor: schema v3 unsupported; parser: bad json",
+    }
+    assert dict(dead.headers)["ackgate.reason"].endswith("; ".join(REASONS).encode())
+    assert await kafka.committed(group) == {TopicPartition(topic, 0): 1}
 
 
 async def test_bad_bootstrap_ends_the_group_with_a_clear_cause() -> None:

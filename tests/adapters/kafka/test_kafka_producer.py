@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -192,13 +191,9 @@ async def test_reject_goes_to_dlq_with_headers_before_commit(kafka: KafkaTestClu
         await producer.aclose()
 
 
-def rejected_for(*reasons: str) -> Any:
+def rejected_for(*reasons: str) -> AdvanceOutcome:
     """An outcome rejected by ``len(reasons)`` of 3 subscribers, with SPEC §8 reasons."""
-    fields = {"acked": 3 - len(reasons), "failed": 0, "rejected": len(reasons)}
-    try:
-        return AdvanceOutcome(**fields, reasons=reasons)  # type: ignore[call-arg]
-    except TypeError:  # a core without §8 yet: the same fields, duck-typed
-        return SimpleNamespace(**fields, reasons=reasons, is_clean=False)
+    return AdvanceOutcome(acked=3 - len(reasons), failed=0, rejected=len(reasons), reasons=reasons)
 
 
 async def test_dlq_reason_header_carries_the_rejecting_subscribers_reasons(

@@ -9,6 +9,7 @@ import pytest
 
 from ackgate import SharedStreamManager, Subscription
 from ackgate.adapters.memory import MemoryBroker, MemoryStreamProducer, Position
+from ackgate_test_support.reject_reasons import REASONS, reject_with_reasons
 
 
 def orders(count: int, partitions: int = 3) -> tuple[MemoryBroker, dict[int, Position]]:
@@ -101,3 +102,16 @@ async def test_a_restarted_service_gets_what_was_not_committed() -> None:
     assert set(first_run).isdisjoint(second_run)
     assert set(first_run) | set(second_run) == set(range(30))
     assert made[1].stats.redelivered >= 1  # events queued for the first run came again
+
+
+async def test_dlq_record_reason_names_the_rejecting_subscribers_in_subscription_order() -> None:
+    broker, positions = orders(1, partitions=1)
+    raw = await reject_with_reasons("orders", lambda: MemoryStreamProducer(broker, "orders", "svc"))
+    assert raw == 0
+    [dead] = broker.records("orders.dlq")
+    assert dead.reason == (
+        "rejected by 2 of 3 subscribers; auditor: schema v3 unsupported; parser: bad json"
+    )
+    assert "; ".join(REASONS) in dead.reason
+    assert (dead.origin, dead.key, dead.value) == (positions[0], b"customer-0", 0)
+    assert broker.committed("orders", "svc") == broker.end_offsets("orders")

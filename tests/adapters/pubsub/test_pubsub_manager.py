@@ -17,6 +17,7 @@ from ackgate import (
     reject_shared_stream_event,
 )
 from ackgate_pubsub import REASON_ATTRIBUTE, SOURCE_ATTRIBUTE
+from ackgate_test_support.reject_reasons import REASONS, reject_with_reasons
 
 from .pubsub_support import PubSubAdmin, RecordingProducer, text
 
@@ -149,6 +150,33 @@ async def test_a_rejected_message_goes_to_the_explicit_dlq_topic(pubsub: PubSubA
     assert attributes["kind"] == "poison"
     assert attributes[REASON_ATTRIBUTE] == "rejected by 1 of 2 subscribers"
     assert attributes[SOURCE_ATTRIBUTE] == subscription
+    assert await pubsub.pull(subscription, wait=3) == []  # dead-lettered, then acked
+
+
+async def test_the_dlq_reason_attribute_names_the_rejecting_subscribers_in_subscription_order(
+    pubsub: PubSubAdmin,
+) -> None:
+    topic = await pubsub.create_topic()
+    subscription = await pubsub.create_subscription(topic)
+    dlq_topic = await pubsub.create_topic()
+    dlq = await pubsub.create_subscription(dlq_topic)
+    await pubsub.publish(topic, ["{not json"], ordering_key="pk", attributes={"kind": "order"})
+    producer = RecordingProducer(subscription, dlq_topic=dlq_topic)
+    async with asyncio.timeout(30):
+        raw = await reject_with_reasons(KEY, lambda: producer, ack_timeout=60)
+    assert text(raw) == "{not json"
+    assert producer.advanced == [
+        ("{not json", AdvanceOutcome(acked=1, failed=0, rejected=2, reasons=REASONS))
+    ]
+    (dead,) = await pubsub.pull(dlq, wait=10)
+    assert text(dead) == "{not json"
+    assert dead.message.ordering_key == "pk"
+    assert dict(dead.message.attributes) == {
+        "kind": "order",
+        SOURCE_ATTRIBUTE: subscription,
+        REASON_ATTRIBUTE: "rejected by 2 of 3 subscribers; "
+        "auditor: schema v3 unsupported; parser: bad json",
+    }
     assert await pubsub.pull(subscription, wait=3) == []  # dead-lettered, then acked
 
 

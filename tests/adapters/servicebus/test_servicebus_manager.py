@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from azure.servicebus import ServiceBusSubQueue
 from azure.servicebus.exceptions import MessageLockLostError, ServiceBusError
 
 from ackgate import SharedStreamManager, StreamTerminated, Subscription
@@ -21,6 +22,7 @@ from ackgate_servicebus import (
     NEXT_AVAILABLE_SESSION,
     ServiceBusStreamProducer,
 )
+from ackgate_test_support.reject_reasons import REASONS, reject_with_reasons
 
 from .fake_servicebus import FakeServiceBus
 
@@ -101,6 +103,33 @@ async def test_a_rejected_event_is_dead_lettered_with_a_reason(bus: FakeServiceB
         "rejected by 1 of 2 ackgate subscribers",
     )
     assert bus.ops("complete") == [good]
+
+
+async def test_the_dead_letter_description_names_the_rejecting_subscribers_in_order(
+    bus: FakeServiceBus,
+) -> None:
+    sequence_number = bus.send(
+        "q", "{not json", message_id="m-1", application_properties={"kind": "order"}
+    )
+    async with asyncio.timeout(10):
+        raw = await reject_with_reasons("orders", factory(bus))
+    assert raw.sequence_number == sequence_number
+    client = bus.client()
+    dlq = client.get_queue_receiver("q", sub_queue=ServiceBusSubQueue.DEAD_LETTER)
+    [dead] = await dlq.receive_messages(max_wait_time=0.1)
+    await client.close()
+    assert (dead.message_id, str(dead), dead.application_properties) == (
+        "m-1",
+        "{not json",
+        {"kind": "order"},
+    )
+    assert (dead.dead_letter_reason, dead.dead_letter_error_description) == (
+        DEAD_LETTER_REASON,
+        "rejected by 2 of 3 ackgate subscribers; auditor: schema v3 unsupported; parser: bad json",
+    )
+    assert dead.dead_letter_error_description.endswith("; ".join(REASONS))
+    assert bus.ops("dead_letter") == [sequence_number]
+    assert bus.ops("complete") == [] and bus.ops("abandon") == []
 
 
 async def test_a_failed_event_is_abandoned_and_redelivered(bus: FakeServiceBus) -> None:

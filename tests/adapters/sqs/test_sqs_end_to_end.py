@@ -11,6 +11,7 @@ import pytest
 
 from ackgate import SharedStreamManager, Subscription, reject_shared_stream_event
 from ackgate_sqs import REASON_ATTRIBUTE, SqsStreamProducer
+from ackgate_test_support.reject_reasons import REASONS, reject_with_reasons
 
 from .sqs_support import REGION, SqsAdmin
 
@@ -259,3 +260,26 @@ async def test_closing_releases_what_a_long_poll_in_flight_picks_up(sqs: SqsAdmi
         [back] = await sqs.drain(url, wait=1)
     assert back["MessageId"] == second
     assert back["Attributes"]["ApproximateReceiveCount"] == "2"
+
+
+async def test_dlq_reason_attribute_names_the_rejecting_subscribers_in_subscription_order(
+    sqs: SqsAdmin,
+) -> None:
+    url, dlq = await sqs.create_queue(), await sqs.create_queue()
+    origin = {"origin": {"DataType": "String", "StringValue": "checkout"}}
+    [message_id] = await sqs.send(url, ["{not json"], attributes=origin)
+    async with asyncio.timeout(60):
+        raw = await reject_with_reasons("dl", factory(sqs, url, dlq_queue_url=dlq))
+    assert raw["MessageId"] == message_id
+    [letter] = await sqs.drain(dlq)
+    assert letter["Body"] == "{not json"
+    assert letter["MessageAttributes"] == {
+        "origin": {"DataType": "String", "StringValue": "checkout"},
+        REASON_ATTRIBUTE: {
+            "DataType": "String",
+            "StringValue": "rejected by 2 of 3 subscribers; "
+            "auditor: schema v3 unsupported; parser: bad json",
+        },
+    }
+    assert letter["MessageAttributes"][REASON_ATTRIBUTE]["StringValue"].endswith("; ".join(REASONS))
+    assert await sqs.drain(url, wait=1) == []  # deleted from the source queue

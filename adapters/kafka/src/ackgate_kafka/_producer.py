@@ -123,9 +123,7 @@ _DEFAULT_MAX_POLL_INTERVAL_MS = 300_000  # aiokafka's default
 def _reason(outcome: AdvanceOutcome, total: int) -> str:
     """The ``ackgate.reason`` header: the count, then the subscribers' reasons (SPEC §8)."""
     summary = f"rejected by {outcome.rejected} of {total} subscribers"
-    # ``reasons`` comes with SPEC §8; an older core's outcome has none.
-    reasons: tuple[str, ...] = getattr(outcome, "reasons", ())
-    return f"{summary}: {'; '.join(reasons)}" if reasons else summary
+    return f"{summary}: {'; '.join(outcome.reasons)}" if outcome.reasons else summary
 
 
 def _import_aiokafka() -> Any:

@@ -432,11 +432,9 @@ class PubSubStreamProducer(SharedStreamProducer):
         for received, outcome in dead:
             original = received.message
             attributes = dict(original.attributes)
-            reasons: tuple[str, ...] = getattr(outcome, "reasons", ())
             total = outcome.acked + outcome.rejected + outcome.failed
-            attributes[REASON_ATTRIBUTE] = _capped(
-                "; ".join((f"rejected by {outcome.rejected} of {total} subscribers", *reasons))
-            )
+            summary = f"rejected by {outcome.rejected} of {total} subscribers"
+            attributes[REASON_ATTRIBUTE] = _capped("; ".join((summary, *outcome.reasons)))
             attributes[SOURCE_ATTRIBUTE] = self._subscription
             copy = PubsubMessage(
                 data=original.data, attributes=attributes, ordering_key=original.ordering_key

@@ -477,9 +477,11 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                 action, settlement = "complete", receiver.complete_message(message)
             elif outcome.rejected and not outcome.failed:
                 total = outcome.acked + outcome.rejected
-                reasons: tuple[str, ...] = getattr(outcome, "reasons", ())
                 why = "; ".join(
-                    (f"rejected by {outcome.rejected} of {total} ackgate subscribers", *reasons)
+                    (
+                        f"rejected by {outcome.rejected} of {total} ackgate subscribers",
+                        *outcome.reasons,
+                    )
                 )
                 if len(why) > _DESCRIPTION_LIMIT:
                     why = why[: _DESCRIPTION_LIMIT - 3] + "..."

@@ -132,8 +132,7 @@ def _attribute_bytes(value: dict[str, Any]) -> bytes:
 
 def _with_reasons(summary: str, outcome: AdvanceOutcome) -> str:
     """``summary``, then the rejecting subscribers' reasons (SPEC §8), capped in length."""
-    reasons: tuple[str, ...] = getattr(outcome, "reasons", ())
-    text = "; ".join((summary, *reasons))
+    text = "; ".join((summary, *outcome.reasons))
     return text if len(text) <= _REASON_LIMIT else text[: _REASON_LIMIT - 3] + "..."
 
 
