@@ -38,6 +38,27 @@ def ackgate_command() -> list[str]:
     return [script] if script else [sys.executable, "-m", "ackgate"]
 
 
+def start_example(
+    kafka: KafkaTestCluster, topic: str, group: str, dlq: str, db_path: Path, stderr: Path
+) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "ACKGATE_KAFKA_BOOTSTRAP": kafka.bootstrap,
+        "ACKGATE_KAFKA_TOPIC": topic,
+        "ACKGATE_KAFKA_GROUP": group,
+        "ACKGATE_KAFKA_DLQ_TOPIC": dlq,
+        "ACKGATE_INDEX_DB": str(db_path),
+    }
+    env.pop("PYTHONPATH", None)  # the example must import from the cwd alone
+    return subprocess.Popen(
+        [*ackgate_command(), "run", "examples.kafka_service:service"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr.open("wb"),
+    )
+
+
 async def test_example_service_indexes_valid_and_dead_letters_malformed(
     kafka: KafkaTestCluster, tmp_path: Path
 ) -> None:
@@ -56,23 +77,8 @@ async def test_example_service_indexes_valid_and_dead_letters_malformed(
         await producer.stop()
 
     db_path = tmp_path / "index.db"
-    env = {
-        **os.environ,
-        "ACKGATE_KAFKA_BOOTSTRAP": kafka.bootstrap,
-        "ACKGATE_KAFKA_TOPIC": topic,
-        "ACKGATE_KAFKA_GROUP": group,
-        "ACKGATE_KAFKA_DLQ_TOPIC": dlq,
-        "ACKGATE_INDEX_DB": str(db_path),
-    }
-    env.pop("PYTHONPATH", None)  # the example must import from the cwd alone
     stderr = tmp_path / "service.err"
-    process = subprocess.Popen(
-        [*ackgate_command(), "run", "examples.kafka_service:service"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=stderr.open("wb"),
-    )
+    process = start_example(kafka, topic, group, dlq, db_path, stderr)
     try:
         async with asyncio.timeout(60):
             waiting = asyncio.create_task(kafka.wait_committed_to_end(group, topic, PARTITIONS))
