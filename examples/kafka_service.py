@@ -54,9 +54,10 @@ index.commit()
 
 def parse(message: Message) -> object | None:
     try:
-        return json.loads(message.body)
+        document: object = json.loads(message.body)
     except ValueError:  # UnicodeDecodeError too
         return None
+    return document
 
 
 @service.handler("indexer", retry=Retry(attempts=3, backoff=0.1))
