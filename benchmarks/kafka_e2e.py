@@ -13,7 +13,15 @@ consumer group per run:
   of fanning out in CPython, for reference);
 * **ackgate xN**: one :class:`KafkaStreamProducer` group, N subscribers that each read
   every record; the run ends when the last subscriber left and the group stopped
-  (final commits done, consumer closed).
+  (final commits done, consumer closed);
+* **Service, 4 batch handlers**: an :class:`ackgate.Service` whose four handlers are
+  batch handlers (``batch_size=500``, ``batch_wait=0.05``), and **Service, 4
+  per-message handlers** (defaults: ``concurrency=1``, ``ordering="lane"``); each
+  handler touches every message's body. The run ends when every handler has seen
+  every message and ``service.stop()`` returned (final commits done).
+
+The last line prints the batch Service row as a share of plain aiokafka (the target
+is at least 60 %).
 
 Time runs from the first record received to the end, so group joins do not count.
 Each run checks afterwards that the committed offsets reached the end of the topic.
@@ -38,7 +46,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import TopicPartition
 
-from ackgate import SharedStreamManager, Subscription
+from ackgate import Message, Service, SharedStreamManager, Subscription
 from ackgate_kafka import KafkaStreamProducer
 
 TEST_SUPPORT = Path(__file__).resolve().parents[1] / "tests" / "support"
@@ -185,6 +193,54 @@ async def with_ackgate(
     return ended - first[0], group
 
 
+async def with_service(
+    bootstrap: str, topic: str, messages: int, handlers: int, batch_size: int
+) -> tuple[float, str]:
+    """A :class:`Service` with ``handlers`` handlers, per-message or batch (``batch_size``)."""
+    group = f"bench-service-{uuid.uuid4().hex[:8]}"
+    first: list[float] = []
+    seen = [0] * handlers
+    all_seen = asyncio.Event()
+
+    def make() -> KafkaStreamProducer:
+        return KafkaStreamProducer(topic, bootstrap_servers=bootstrap, group_id=group)
+
+    service = Service(topic, producer=make)
+
+    def count(index: int, batch: list[Message]) -> None:
+        if not first:
+            first.append(time.perf_counter())
+        volume = 0
+        for message in batch:
+            volume += len(message.body)
+        seen[index] += len(batch)
+        if all(n >= messages for n in seen):
+            all_seen.set()
+
+    for index in range(handlers):
+        if batch_size > 1:
+
+            async def on_batch(batch: list[Message], index: int = index) -> None:
+                count(index, batch)
+
+            service.handler(f"h{index}", batch_size=batch_size, batch_wait=0.05)(on_batch)
+        else:
+
+            async def on_message(message: Message, index: int = index) -> None:
+                count(index, [message])
+
+            service.handler(f"h{index}")(on_message)
+
+    running = asyncio.create_task(service.run())
+    try:
+        await all_seen.wait()
+        await service.stop()
+        await running
+    finally:
+        running.cancel()
+    return time.perf_counter() - first[0], group
+
+
 async def bench(bootstrap: str, messages: int, partitions: int, size: int, repeat: int) -> None:
     topic = f"bench-{uuid.uuid4().hex[:8]}"
     await fill_topic(bootstrap, topic, messages, partitions, size)
@@ -193,6 +249,8 @@ async def bench(bootstrap: str, messages: int, partitions: int, size: int, repea
         "bare fan-out x4 (unsafe)": lambda: bare_fan_out(bootstrap, topic, messages, 4),
         "ackgate, 1 subscriber": lambda: with_ackgate(bootstrap, topic, messages, 1),
         "ackgate, 4 subscribers": lambda: with_ackgate(bootstrap, topic, messages, 4),
+        "Service, 4 batch handlers": lambda: with_service(bootstrap, topic, messages, 4, 500),
+        "Service, 4 per-message": lambda: with_service(bootstrap, topic, messages, 4, 1),
     }
     best: dict[str, float] = dict.fromkeys(variants, 0.0)
     # Interleaved rounds, best of each: the machine is shared, so noise only slows a run.
@@ -204,9 +262,12 @@ async def bench(bootstrap: str, messages: int, partitions: int, size: int, repea
             best[name] = max(best[name], messages / seconds)
     baseline = best["plain aiokafka"]
     print(f"\n{messages:,} messages of {size} B, {partitions} partitions, best of {repeat}")
-    print(f"{'consumer':<24} {'messages/s':>12} {'vs plain':>9}")
+    print(f"{'consumer':<26} {'messages/s':>12} {'vs plain':>9}")
     for name, rate in best.items():
-        print(f"{name:<24} {rate:>12,.0f} {rate / baseline:>8.0%}")
+        print(f"{name:<26} {rate:>12,.0f} {rate / baseline:>8.0%}")
+    ratio = best["Service, 4 batch handlers"] / baseline
+    verdict = "meets" if ratio >= 0.6 else "misses"
+    print(f"Service batch / plain aiokafka: {ratio:.0%} ({verdict} the 60 % target)")
 
 
 def main() -> None:
