@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("ackgate.group")
 
+#: Seconds a rostered group may stay paused after a clean leave before a WARNING.
+_CLEAN_LEAVE_GRACE = 1.0
+
 #: How many acked event ids a group remembers to skip redelivered copies (SPEC §13).
 _REMEMBERED_EVENT_IDS = 65_536
 
@@ -97,6 +100,8 @@ class Group:
         #: event's snapshot is the whole roster.
         self._healthy = asyncio.Event()
         self._ever_healthy = False
+        #: A pause after a clean leave, logged only if it lasts (``_check_health``).
+        self._pause_warning: asyncio.Task[None] | None = None
         self.terminal: tuple[type[StreamTerminated], str, BaseException | None] | None = None
         self._config = config
         self._factory = factory
@@ -153,8 +158,15 @@ class Group:
         healthy = {sub.subscriber_id for sub in self.active}
         return tuple(member for member in self.roster if member not in healthy)
 
-    def _check_health(self) -> None:
-        """Pause or resume a rostered group after its membership changed."""
+    def _check_health(self, *, left_cleanly: bool = False) -> None:
+        """Pause or resume a rostered group after its membership changed.
+
+        A pause is logged at WARNING at once when a member crashed or was
+        force-failed. When a member left cleanly the warning waits
+        ``_CLEAN_LEAVE_GRACE`` seconds and is dropped if the group resumed or
+        stopped meanwhile: a service shutting down leaves member by member, and
+        that is no incident.
+        """
         if self.roster is None:
             return
         healthy = len(self.active) == len(self.roster)  # active ids ⊆ roster
@@ -167,13 +179,31 @@ class Group:
             self._ever_healthy = True
             return
         self._healthy.clear()
-        if self.members and self.terminal is None:
-            logger.warning(
-                "Shared stream group paused key=%r missing=%r: nothing new is broadcast "
-                "until every roster member is subscribed and healthy again",
-                self.key,
-                list(self.missing()),
+        if not self.members or self.terminal is not None:
+            return
+        if not left_cleanly:
+            self._warn_paused()
+        elif self._pause_warning is None or self._pause_warning.done():
+            self._pause_warning = asyncio.get_running_loop().create_task(
+                self._warn_if_still_paused()
             )
+
+    def _warn_paused(self) -> None:
+        logger.warning(
+            "Shared stream group paused key=%r missing=%r: nothing new is broadcast "
+            "until every roster member is subscribed and healthy again",
+            self.key,
+            list(self.missing()),
+        )
+
+    async def _warn_if_still_paused(self) -> None:
+        deadline = self.clock() + _CLEAN_LEAVE_GRACE
+        if self._sleep_until is not None:
+            await self._sleep_until(deadline)
+        else:
+            await asyncio.sleep(_CLEAN_LEAVE_GRACE)
+        if self.paused and self.members and self.terminal is None:
+            self._warn_paused()
 
     def leave(self, sub: Subscription, *, crashed: bool) -> asyncio.Task[None] | None:
         """Remove ``sub``; return the stop task to await if it was the last member."""
@@ -199,7 +229,7 @@ class Group:
         self._wake(sub)
         if self.blocked:
             self.room.set()
-        self._check_health()
+        self._check_health(left_cleanly=not crashed and sub._failure is None)
         if not self.members:
             self.terminate(StreamTerminated, "last subscriber left")
             return self.stop_task
@@ -657,6 +687,8 @@ class Group:
         finally:
             self.tracker.halt()
             self._abandon_bindings()
+            if self._pause_warning is not None:
+                self._pause_warning.cancel()
             if self._producer is not None:
                 try:
                     await self._producer.aclose()

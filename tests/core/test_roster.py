@@ -307,3 +307,41 @@ async def test_run_subscriber_passes_the_roster_through(
     for runner in runners:
         runner.cancel()
     await asyncio.gather(*runners, return_exceptions=True)
+
+
+async def test_a_clean_leave_warns_only_if_the_pause_lasts(
+    manager: SharedStreamManager,
+    clock: FakeClock,
+    producer: ScriptedProducer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="ackgate")
+    subs = join(manager, producer)
+    await subs["notifier"].aclose()
+    await turn()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert manager.stats()[0].paused  # paused at once, only the warning waits
+    clock.advance(1.0)
+    await turn()
+    paused = [r for r in caplog.records if "paused" in r.getMessage()]
+    assert len(paused) == 1 and paused[0].levelno == logging.WARNING
+    assert "notifier" in paused[0].getMessage()
+
+
+async def test_a_service_leaving_member_by_member_logs_no_warning(
+    manager: SharedStreamManager,
+    clock: FakeClock,
+    producer: ScriptedProducer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="ackgate")
+    subs = join(manager, producer)
+    producer.feed("a", 0)
+    for sub in subs.values():
+        assert await anext(sub) == "a"
+    for sub in subs.values():
+        await sub.aclose()
+    clock.advance(1.0)
+    await turn()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert outcomes(producer)[0].acked == 3
