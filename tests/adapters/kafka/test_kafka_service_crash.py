@@ -15,118 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import sqlite3
 import subprocess
-import sys
 import time
-from collections import Counter
 from pathlib import Path
-from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.structs import TopicPartition
-
+from .crash_scenario import CrashScenario, deliveries, indexed, read_dlq
 from .kafka_testlib import KafkaTestCluster
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[2]
 PARTITIONS = 4
 COUNT = 10_000
+SCENARIO = CrashScenario(COUNT, PARTITIONS, "service_consumer.py")
 KILL_AT = (0.25, 0.65)  # fractions of the valid messages indexed
-
-
-def value(n: int) -> bytes:
-    return f"bad-{n}".encode() if n % 50 == 13 else str(n).encode()
-
-
-def valid_at() -> dict[tuple[int, int], int]:
-    """``(partition, offset) -> n`` of every valid message (n goes to partition n % 4)."""
-    return {(n % PARTITIONS, n // PARTITIONS): n for n in range(COUNT) if n % 50 != 13}
-
-
-async def produce(kafka: KafkaTestCluster, topic: str) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap, linger_ms=5)
-    await producer.start()
-    try:
-        futures = [
-            await producer.send(topic, value(n), partition=n % PARTITIONS) for n in range(COUNT)
-        ]
-        await asyncio.gather(*futures)
-    finally:
-        await producer.stop()
-
-
-def start_consumer(
-    kafka: KafkaTestCluster, topic: str, group: str, dlq: str, workdir: Path
-) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-    }
-    return subprocess.Popen(
-        [
-            sys.executable,
-            str(HERE / "service_consumer.py"),
-            *(kafka.bootstrap, topic, group, dlq, str(workdir)),
-        ],
-        env=env,
-        stderr=(workdir / "consumer.err").open("ab"),
-    )
-
-
-def indexed(workdir: Path) -> set[tuple[int, int]]:
-    path = workdir / "index.db"
-    if not path.exists():
-        return set()
-    db = sqlite3.connect(path)
-    try:
-        return {(p, o) for p, o in db.execute("SELECT partition, offset FROM events")}
-    except sqlite3.OperationalError:  # the table is not created yet
-        return set()
-    finally:
-        db.close()
-
-
-def unstored_below_commit(
-    committed: dict[TopicPartition, int], topic: str, workdir: Path
-) -> list[tuple[int, int]]:
-    """Valid messages below the committed offset that the index lacks (must be none).
-    Committed offsets are read first and the index only grows: a failure is real."""
-    stored = indexed(workdir)
-    return sorted(
-        (p, o)
-        for (p, o) in valid_at()
-        if o < committed.get(TopicPartition(topic, p), 0) and (p, o) not in stored
-    )
-
-
-def deliveries(workdir: Path, sid: str) -> Counter[tuple[int, int]]:
-    seen: Counter[tuple[int, int]] = Counter()
-    path = workdir / f"{sid}.log"
-    if path.exists():
-        for line in path.read_text().splitlines():
-            p, o = line.split()
-            seen[int(p), int(o)] += 1
-    return seen
-
-
-async def read_dlq(kafka: KafkaTestCluster, dlq: str, malformed: set[int]) -> list[Any]:
-    """Read the DLQ from the start until every malformed message is there (30 s at most)."""
-    consumer = AIOKafkaConsumer(
-        dlq, bootstrap_servers=kafka.bootstrap, auto_offset_reset="earliest"
-    )
-    await consumer.start()
-    records: list[Any] = []
-    try:
-        async with asyncio.timeout(30):
-            while {int(r.value.removeprefix(b"bad-")) for r in records} < malformed:
-                for batch in (await consumer.getmany(timeout_ms=500)).values():
-                    records.extend(batch)
-        return records
-    finally:
-        await consumer.stop()
 
 
 def kill(process: subprocess.Popen[bytes]) -> None:
@@ -140,21 +40,21 @@ async def test_service_survives_two_kills_with_retries_and_rejects(
     topic, group, dlq = kafka.unique("svc-crash"), kafka.unique("g"), kafka.unique("dlq")
     await kafka.create_topic(topic, PARTITIONS)
     await kafka.create_topic(dlq, 1)
-    await produce(kafka, topic)
-    valid = valid_at()
+    await SCENARIO.produce(kafka, topic)
+    valid = SCENARIO.valid_at()
     started = time.monotonic()
     checks = 0
     kills: list[tuple[int, int]] = []  # (indexed, committed) at each kill
 
     for fraction in KILL_AT:
-        process = start_consumer(kafka, topic, group, dlq, tmp_path)
+        process = SCENARIO.start_consumer(kafka, topic, group, dlq, tmp_path)
         try:
             async with asyncio.timeout(120):
                 # Another process writes the index: nothing to await, so poll it.
                 while True:
                     assert process.poll() is None, "consumer exited early; see consumer.err"
                     committed = await kafka.committed(group)
-                    assert unstored_below_commit(committed, topic, tmp_path) == []
+                    assert SCENARIO.unstored_below_commit(committed, topic, tmp_path) == []
                     checks += 1
                     stored = len(indexed(tmp_path))
                     if stored >= fraction * len(valid) and committed:
@@ -166,17 +66,17 @@ async def test_service_survives_two_kills_with_retries_and_rejects(
                 process.kill()
                 process.wait()
         at_kill = await kafka.committed(group)
-        assert unstored_below_commit(at_kill, topic, tmp_path) == []
+        assert SCENARIO.unstored_below_commit(at_kill, topic, tmp_path) == []
         kills.append((len(indexed(tmp_path)), sum(at_kill.values())))
 
-    last = start_consumer(kafka, topic, group, dlq, tmp_path)
+    last = SCENARIO.start_consumer(kafka, topic, group, dlq, tmp_path)
     try:
         ends = await kafka.end_offsets(topic, PARTITIONS)
         async with asyncio.timeout(180):
             while True:
                 assert last.poll() is None, "consumer exited early; see consumer.err"
                 committed = await kafka.committed(group)
-                assert unstored_below_commit(committed, topic, tmp_path) == []
+                assert SCENARIO.unstored_below_commit(committed, topic, tmp_path) == []
                 checks += 1
                 if all(committed.get(tp) == end for tp, end in ends.items()):
                     break
@@ -191,7 +91,7 @@ async def test_service_survives_two_kills_with_retries_and_rejects(
 
     assert await kafka.committed(group) == ends
     assert indexed(tmp_path) == set(valid)
-    malformed = {n for n in range(COUNT) if n % 50 == 13}
+    malformed = SCENARIO.malformed
     dead = await read_dlq(kafka, dlq, malformed)
     assert {int(r.value.removeprefix(b"bad-")) for r in dead} == malformed
     for record in dead:
