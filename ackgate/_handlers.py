@@ -11,9 +11,12 @@ import inspect
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ackgate._retry import Retry
+
+if TYPE_CHECKING:
+    from ackgate._subscription import Subscription
 
 Ordering = Literal["lane", "key", "none"]
 ORDERINGS: tuple[Ordering, ...] = ("lane", "key", "none")
@@ -131,6 +134,8 @@ class HandlerStats:
         failed: Failed after every attempt: the broker redelivers them.
         retried: Retries made (a call of 3 attempts on a batch of 10 counts 20).
         in_progress: Messages in a handler call right now (retry backoffs included).
+        redeliveries_skipped: Redelivered copies this handler was not handed
+            because it had acked an earlier copy (SPEC §13).
     """
 
     id: str
@@ -139,12 +144,21 @@ class HandlerStats:
     failed: int
     retried: int
     in_progress: int
+    redeliveries_skipped: int = 0
 
 
 class HandlerCounters:
     """The live counters behind :class:`HandlerStats`. Invariant: every field >= 0."""
 
-    __slots__ = ("failed", "handled", "in_progress", "rejected", "retried")
+    __slots__ = (
+        "failed",
+        "handled",
+        "in_progress",
+        "live",
+        "rejected",
+        "retried",
+        "skipped_in_ended_groups",
+    )
 
     def __init__(self) -> None:
         self.handled = 0
@@ -152,6 +166,18 @@ class HandlerCounters:
         self.failed = 0
         self.retried = 0
         self.in_progress = 0
+        #: The handler's latest subscription; its group counts the skipped copies.
+        self.live: Subscription | None = None
+        self.skipped_in_ended_groups = 0
+
+    def subscribed(self, subscription: Subscription) -> None:
+        """Caller: the handler's worker, after each ``subscribe``. A group counts
+        skipped copies per subscriber id for its whole life, so only a new group
+        moves the last one's count into ``skipped_in_ended_groups``."""
+        last = self.live
+        if last is not None and last._group is not subscription._group:
+            self.skipped_in_ended_groups += last.redeliveries_skipped
+        self.live = subscription
 
     def snapshot(self, handler_id: str) -> HandlerStats:
         return HandlerStats(
@@ -161,4 +187,6 @@ class HandlerCounters:
             failed=self.failed,
             retried=self.retried,
             in_progress=self.in_progress,
+            redeliveries_skipped=self.skipped_in_ended_groups
+            + (self.live.redeliveries_skipped if self.live is not None else 0),
         )

@@ -84,6 +84,7 @@ class HandlerWorker:
             subscription = self._manager.subscribe(
                 self._key, self.spec.id, producer=self._factory, roster=self._roster
             )
+            self._counters.subscribed(subscription)
             calls = self._calls = Calls(self.spec, self._manager, self._counters)
             pull = self._pull_batches if self.spec.batched else self._pull_each
             feed = self._feed = loop.create_task(pull(subscription, calls))

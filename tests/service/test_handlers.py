@@ -192,3 +192,37 @@ async def test_reject_shared_stream_event_from_a_handler_rejects_nothing(
         await scripted.wait_advanced(3)
     assert all(o.is_clean for o in outcomes(scripted).values())
     assert "outside a shared stream window" in caplog.text
+
+
+async def test_a_failure_is_redelivered_to_the_failing_handler_only(
+    running: Any, broker: MemoryBroker, memory_producer: Callable[[], MemoryStreamProducer]
+) -> None:
+    """SPEC §13 through a Service: the held partition is sought back and its records
+    come again, but the healthy handler, which acked them, is not handed them."""
+    for n in range(20):
+        broker.publish("orders", b"%d" % n, key="one key")  # one partition
+    service = Service("orders", producer=memory_producer)
+    healthy_bodies: list[bytes] = []
+    healthy_done = asyncio.Event()
+    failed_once = False
+
+    @service.handler("healthy")
+    async def healthy(message: Message) -> None:
+        healthy_bodies.append(message.body)
+        if len(healthy_bodies) == 20:
+            healthy_done.set()
+
+    @service.handler("flaky")
+    async def flaky(message: Message) -> None:
+        nonlocal failed_once
+        if message.body == b"5" and not failed_once:
+            failed_once = True
+            await healthy_done.wait()  # healthy acked everything before the copies come
+            raise ConnectionError("downstream hiccup")
+
+    async with running(service):
+        await broker.wait_drained("orders", "svc")
+        stats = service.stats()
+    assert healthy_bodies == [b"%d" % n for n in range(20)]  # each once: no copy for it
+    assert stats.handlers["flaky"].failed == 1
+    assert stats.handlers["healthy"].redeliveries_skipped == 15  # the copies of 5..19
