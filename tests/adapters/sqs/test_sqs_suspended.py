@@ -106,7 +106,9 @@ async def test_a_redelivered_copy_goes_only_to_the_handler_that_failed_it(
                 seen[name].append(raw["Body"])
                 if raw["Body"] == "end":
                     return
-                if name == "flaky" and seen[name] == ["m0", "m1"]:
+                # A standard queue does not keep order (ElasticMQ hands out m2 before
+                # m1 at times): crash on the first m1, wherever it comes.
+                if name == "flaky" and raw["Body"] == "m1" and seen[name].count("m1") == 1:
                     raise RuntimeError("flaky handler crashed")
                 if name == "flaky" and seen[name].count("m1") == 2 and "m2" in seen[name]:
                     stats.extend(manager.stats())  # every copy was broadcast by now
@@ -127,7 +129,8 @@ async def test_a_redelivered_copy_goes_only_to_the_handler_that_failed_it(
         *_, again = await asyncio.gather(
             read(subs["indexer"], "indexer"), read(subs["auditor"], "auditor"), flaky()
         )
-    assert seen["indexer"] == seen["auditor"] == ["m0", "m1", "m2", "end"]
+    for name in ("indexer", "auditor"):  # each message once; "end" comes last
+        assert sorted(seen[name][:-1]) == ["m0", "m1", "m2"] and seen[name][-1] == "end"
     assert seen["flaky"].count("m1") == 2
     # Every redelivered copy was skipped for both handlers that had acked it.
     [group] = stats
