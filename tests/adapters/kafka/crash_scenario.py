@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -78,6 +79,32 @@ class CrashScenario:
             env=env,
             stderr=(workdir / "consumer.err").open("ab"),
         )
+
+    async def run_to_the_end(
+        self, kafka: KafkaTestCluster, topic: str, group: str, dlq: str, workdir: Path
+    ) -> tuple[int, dict[TopicPartition, int]]:
+        """Start a consumer, check the invariant all along until everything is committed,
+        stop it with SIGTERM (it must exit 0). Returns the checks made and the end offsets."""
+        checks = 0
+        process = self.start_consumer(kafka, topic, group, dlq, workdir)
+        try:
+            ends = await kafka.end_offsets(topic, self.partitions)
+            async with asyncio.timeout(180):
+                while True:
+                    assert process.poll() is None, "consumer exited early; see consumer.err"
+                    committed = await kafka.committed(group)
+                    assert self.unstored_below_commit(committed, topic, workdir) == []
+                    checks += 1
+                    if all(committed.get(tp) == end for tp, end in ends.items()):
+                        break
+                    await asyncio.sleep(0.2)
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=30) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        return checks, ends
 
     def unstored_below_commit(
         self, committed: dict[TopicPartition, int], topic: str, workdir: Path

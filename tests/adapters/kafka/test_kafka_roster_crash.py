@@ -48,25 +48,7 @@ async def test_committed_never_passes_what_the_indexer_did_not_store(
     assert 0 < sum(at_kill.values()) < COUNT, f"nothing to check at the kill: {at_kill}"
     assert SCENARIO.unstored_below_commit(at_kill, topic, tmp_path) == []
 
-    checks = 0
-    second = SCENARIO.start_consumer(kafka, topic, group, dlq, tmp_path)
-    try:
-        ends = await kafka.end_offsets(topic, PARTITIONS)
-        async with asyncio.timeout(180):
-            while True:
-                assert second.poll() is None, "consumer exited early; see consumer.err"
-                committed = await kafka.committed(group)
-                assert SCENARIO.unstored_below_commit(committed, topic, tmp_path) == []
-                checks += 1
-                if all(committed.get(tp) == end for tp, end in ends.items()):
-                    break
-                await asyncio.sleep(0.2)
-        second.send_signal(signal.SIGTERM)
-        assert second.wait(timeout=30) == 0
-    finally:
-        if second.poll() is None:
-            second.kill()
-            second.wait()
+    checks, _ = await SCENARIO.run_to_the_end(kafka, topic, group, dlq, tmp_path)
     seconds = time.monotonic() - started
 
     assert indexed(tmp_path) == set(SCENARIO.valid_at())

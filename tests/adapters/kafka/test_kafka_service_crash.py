@@ -69,24 +69,8 @@ async def test_service_survives_two_kills_with_retries_and_rejects(
         assert SCENARIO.unstored_below_commit(at_kill, topic, tmp_path) == []
         kills.append((len(indexed(tmp_path)), sum(at_kill.values())))
 
-    last = SCENARIO.start_consumer(kafka, topic, group, dlq, tmp_path)
-    try:
-        ends = await kafka.end_offsets(topic, PARTITIONS)
-        async with asyncio.timeout(180):
-            while True:
-                assert last.poll() is None, "consumer exited early; see consumer.err"
-                committed = await kafka.committed(group)
-                assert SCENARIO.unstored_below_commit(committed, topic, tmp_path) == []
-                checks += 1
-                if all(committed.get(tp) == end for tp, end in ends.items()):
-                    break
-                await asyncio.sleep(0.2)
-        last.send_signal(signal.SIGTERM)
-        assert last.wait(timeout=30) == 0
-    finally:
-        if last.poll() is None:
-            last.kill()
-            last.wait()
+    more_checks, ends = await SCENARIO.run_to_the_end(kafka, topic, group, dlq, tmp_path)
+    checks += more_checks
     seconds = time.monotonic() - started
 
     assert await kafka.committed(group) == ends
