@@ -8,6 +8,7 @@ resolved events back to the producer in order. :class:`Service` runs decorated
 handlers over one shared stream and keeps it up.
 """
 
+from ackgate._bindings import BoundBatch
 from ackgate._errors import (
     AckGateError,
     AckTimeout,
@@ -18,7 +19,7 @@ from ackgate._errors import (
 from ackgate._handlers import HandlerStats
 from ackgate._manager import SharedStreamManager
 from ackgate._message import Message, Reject
-from ackgate._outcome import AdvanceItem, AdvanceOutcome
+from ackgate._outcome import AdvanceItem, AdvanceOutcome, EventBatch
 from ackgate._producer import SharedStreamProducer
 from ackgate._retry import Retry
 from ackgate._service import Service, ServiceStats
@@ -32,6 +33,8 @@ __all__ = [
     "AdvanceFailed",
     "AdvanceItem",
     "AdvanceOutcome",
+    "BoundBatch",
+    "EventBatch",
     "GroupStats",
     "HandlerStats",
     "Message",

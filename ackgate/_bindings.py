@@ -5,7 +5,8 @@ event is closed *and* every output it bound inside that window was confirmed
 persisted. The registry maps each sequence number to ``(subscription, event)``;
 the subscription counts its unconfirmed outputs per event (``_outputs``).
 
-An entry is *live* while its event is still in its subscription's ``_outputs``.
+An entry is *live* while its event is still in its subscription's ``_outputs``
+(a batch binding: while it is in the subscription's ``_batches``).
 When an event resolves another way (rejected, failed, by any of its numbers or
 none) its numbers go *stale*: they stay in the registry until confirmed or swept,
 so dropping them costs nothing on the hot path, and the sweep keeps the registry
@@ -16,7 +17,7 @@ are swept at once, so the registry never keeps a stopped group alive.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from ackgate._group import Resolution
@@ -26,20 +27,58 @@ if TYPE_CHECKING:
 _SWEEP_MINIMUM = 1024
 
 
+class BoundBatch(NamedTuple):
+    """What :meth:`Subscription.pull_batch` hands out: events and their one number."""
+
+    #: The raw events, in stream order.
+    events: list[Any]
+    #: One sequence number bound to all of them: ``confirm_persisted([seq])`` acks
+    #: them all, ``reject_bound`` / ``fail_bound`` resolve them all, and
+    #: ``manager.reject_in_batch(seq, indexes)`` rejects some (by index in ``events``).
+    seq: int
+
+
+class BatchBinding:
+    """One output bound to several events of one subscriber at once (``pull_batch``).
+
+    Invariant: an event of ``events`` is resolved for the subscriber either with
+    the whole binding or, before that, alone (``apart``), never twice.
+    """
+
+    __slots__ = ("apart", "events")
+
+    def __init__(self, events: list[Event]) -> None:
+        self.events = events
+        #: Events already resolved alone (``reject_in_batch``); ``None`` while none.
+        self.apart: set[Event] | None = None
+
+    def remaining(self) -> list[Event]:
+        """The events the binding still resolves, in stream order."""
+        apart = self.apart
+        if apart is None:
+            return self.events
+        return [event for event in self.events if event not in apart]
+
+    def owes(self, event: Event) -> bool:
+        return any(e is event for e in self.events) and (
+            self.apart is None or event not in self.apart
+        )
+
+
 class OutputRegistry:
     """Sequence numbers of one manager. Numbers are unique per manager and start at 1."""
 
     __slots__ = ("_by_seq", "_next_seq", "_stale")
 
     def __init__(self) -> None:
-        self._by_seq: dict[int, tuple[Subscription, Event]] = {}
+        self._by_seq: dict[int, tuple[Subscription, Event | BatchBinding]] = {}
         self._next_seq = 1
         self._stale = 0  # an upper bound of the stale entries in _by_seq
 
-    def bind(self, subscription: Subscription, event: Event) -> int:
+    def bind(self, subscription: Subscription, target: Event | BatchBinding) -> int:
         seq = self._next_seq
         self._next_seq = seq + 1
-        self._by_seq[seq] = (subscription, event)
+        self._by_seq[seq] = (subscription, target)
         return seq
 
     def confirm(self, seqs: Iterable[object]) -> None:
@@ -69,6 +108,20 @@ class OutputRegistry:
                 gone += others
         self.abandoned(gone)
 
+    def reject_in_batch(self, indexes: list[object], seq: object, reason: str | None) -> None:
+        """Reject the events at ``indexes`` of the batch bound to ``seq``, each alone.
+        Numbers that are not a live batch binding are ignored."""
+        if type(seq) is not int:
+            return
+        entry = self._by_seq.get(seq)
+        if entry is None or type(entry[1]) is not BatchBinding:
+            return
+        finished = entry[0]._batch_part_rejected(entry[1], indexes, reason)
+        if finished is None or finished:
+            del self._by_seq[seq]
+            if finished is None:
+                self._stale -= 1
+
     def abandoned(self, count: int, *, sweep: bool = False) -> None:
         """``count`` numbers went stale: their event resolved without them.
 
@@ -80,7 +133,9 @@ class OutputRegistry:
             self._stale >= _SWEEP_MINIMUM and 2 * self._stale >= len(self._by_seq)
         ):
             self._by_seq = {
-                seq: entry for seq, entry in self._by_seq.items() if entry[1] in entry[0]._outputs
+                seq: entry
+                for seq, entry in self._by_seq.items()
+                if entry[1] in entry[0]._outputs or entry[1] in entry[0]._batches
             }
             self._stale = 0
 

@@ -35,16 +35,24 @@ UNORDERED: Any = object()
 class Job:
     """One handler call to make: its argument, its messages and their tickets."""
 
-    __slots__ = ("argument", "key", "messages", "resolved", "seqs")
+    __slots__ = ("argument", "key", "messages", "resolved", "seqs", "sizes")
 
     def __init__(
-        self, argument: Any, messages: Sequence[Message], seqs: Sequence[int], key: Hashable
+        self,
+        argument: Any,
+        messages: Sequence[Message],
+        seqs: Sequence[int],
+        key: Hashable,
+        sizes: Sequence[int] | None = None,
     ) -> None:
         #: What the handler is called with: a Message, or a list of them (batches).
         self.argument = argument
         self.messages = messages
-        #: One ticket per message, in the same order.
+        #: The tickets of ``messages``: one per message, or with ``sizes`` one per
+        #: batch binding (``Subscription.pull_batch``), ``sizes[i]`` messages each,
+        #: in the same order.
         self.seqs = seqs
+        self.sizes = sizes
         #: Jobs with an equal key run one at a time, in submission order.
         self.key = key
         #: Set once the tickets were resolved. Invariant: they are resolved exactly once.
@@ -176,7 +184,7 @@ class Calls:
         try:
             while ready and not self._closed:
                 job = ready.popleft()
-                size = len(job.seqs)
+                size = len(job.messages)
                 counters.in_progress += size
                 try:
                     await self._attempts(job)
@@ -216,7 +224,7 @@ class Calls:
             except Reject as reject:
                 job.resolved = True
                 self._manager.reject_bound(job.seqs, reason=reject.reason)
-                counters.rejected += len(job.seqs)
+                counters.rejected += len(job.messages)
                 logger.info("handler %r rejected %s: %s", spec.id, _describe(job), reject.reason)
                 return
             except Exception as exc:
@@ -231,13 +239,13 @@ class Calls:
                         delay,
                         exc,
                     )
-                    counters.retried += len(job.seqs)
+                    counters.retried += len(job.messages)
                     attempt += 1
                     await asyncio.sleep(delay)
                     continue
                 job.resolved = True
                 self._manager.fail_bound(job.seqs)
-                counters.failed += len(job.seqs)
+                counters.failed += len(job.messages)
                 logger.warning(
                     "handler %r failed on %s after %d attempt(s); the broker redelivers it: %r",
                     spec.id,
@@ -252,25 +260,38 @@ class Calls:
                 self._resolve_batch(job, rejects)
             else:
                 self._manager.confirm_persisted(job.seqs)
-                counters.handled += len(job.seqs)
+                counters.handled += len(job.messages)
             return
 
     def _resolve_batch(self, job: Job, rejects: dict[str, Reject]) -> None:
-        acked: list[int] = []
+        """A batch handler returned rejects: reject those messages, ack the rest."""
+        assert job.sizes is not None, "batch jobs hold batch bindings"
         seen: set[str] = set()
-        for message, seq in zip(job.messages, job.seqs, strict=True):
-            reject = rejects.get(message.id)
-            if reject is None:
-                acked.append(seq)
-                continue
-            seen.add(message.id)
-            self._manager.reject_bound((seq,), reason=reject.reason)
-            logger.info(
-                "handler %r rejected message id=%s: %s", self._spec.id, message.id, reject.reason
-            )
-        self._manager.confirm_persisted(acked)
-        self._counters.handled += len(acked)
-        self._counters.rejected += len(job.seqs) - len(acked)
+        messages = job.messages
+        start = 0
+        for seq, size in zip(job.seqs, job.sizes, strict=True):
+            by_reason: dict[str | None, list[int]] = {}
+            for index in range(size):
+                message = messages[start + index]
+                reject = rejects.get(message.id)
+                if reject is None:
+                    continue
+                seen.add(message.id)
+                by_reason.setdefault(reject.reason, []).append(index)
+                logger.info(
+                    "handler %r rejected message id=%s: %s",
+                    self._spec.id,
+                    message.id,
+                    reject.reason,
+                )
+            for reason, indexes in by_reason.items():
+                self._manager.reject_in_batch(seq, indexes, reason)
+                self._counters.rejected += len(indexes)
+            start += size
+        self._manager.confirm_persisted(job.seqs)  # acks the messages not rejected
+        self._counters.handled += len(messages) - sum(
+            1 for message in messages if message.id in seen
+        )
         unknown = rejects.keys() - seen
         if unknown:
             logger.warning(

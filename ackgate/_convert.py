@@ -5,6 +5,8 @@
 ``(producer.to_message(raw, payload), payload)``, so every handler receives the same
 ``Message`` object, and everything else is the inner producer's: ``advance``,
 ``get_advance_lane``, ``get_event_id`` and ``aclose`` are delegated unchanged.
+:class:`BatchMessageProducer` does the same for a producer that yields
+:class:`~ackgate.EventBatch` es, one ``to_messages`` call per batch.
 
 A conversion error ends the group loudly (``StreamTerminated``, the error as
 ``__cause__``) rather than rejecting the one message: ``to_message`` failing is an
@@ -20,7 +22,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from typing import Any
 
-from ackgate._outcome import AdvanceItem
+from ackgate._message import Message
+from ackgate._outcome import AdvanceItem, EventBatch
 from ackgate._producer import SharedStreamProducer
 
 
@@ -64,6 +67,29 @@ class MessageProducer(SharedStreamProducer):
         await self._inner.aclose()
 
 
+class BatchMessageProducer(MessageProducer):
+    """``inner``'s batches with ``Message`` raw events (``inner`` overrides
+    ``open_stream_batches``; the group then reads this one's)."""
+
+    async def open_stream_batches(self) -> AsyncIterator[EventBatch]:
+        """The inner batches, converted; cancellation as in :meth:`open_stream`."""
+        stream = self._inner.open_stream_batches()
+        to_messages = self._inner.to_messages
+        try:
+            async for batch in stream:
+                if not isinstance(batch, EventBatch):
+                    raise TypeError(
+                        "open_stream_batches must yield EventBatch, "
+                        f"got {type(batch).__name__}"
+                    )
+                messages: list[Message] = to_messages(batch)
+                yield batch._replace(raw_events=messages)
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
 def converting(factory: Callable[[], SharedStreamProducer]) -> Callable[[], MessageProducer]:
     """A factory for the group: calls ``factory`` once per group and wraps what it made."""
 
@@ -73,6 +99,8 @@ def converting(factory: Callable[[], SharedStreamProducer]) -> Callable[[], Mess
             raise TypeError(
                 f"producer() must return a SharedStreamProducer, got {type(inner).__name__}"
             )
+        if type(inner).open_stream_batches is not SharedStreamProducer.open_stream_batches:
+            return BatchMessageProducer(inner)
         return MessageProducer(inner)
 
     return make

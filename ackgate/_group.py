@@ -18,7 +18,7 @@ import asyncio
 import logging
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -30,6 +30,7 @@ from ackgate._errors import (
     SubscriberOverflow,
 )
 from ackgate._log import Event, EventLog
+from ackgate._outcome import EventBatch
 from ackgate._producer import SharedStreamProducer
 from ackgate._redelivery import RedeliveryMemory
 from ackgate._tracker import Lane, LaneTracker
@@ -224,7 +225,7 @@ class Group:
             sub._current = None
         if sub._failure is None:
             self._skip_queued(sub)  # a force-failed subscriber skipped them already
-        if sub._outputs:
+        if sub._outputs or sub._batches:
             self.departed.add(sub)
         self._wake(sub)
         if self.blocked:
@@ -261,10 +262,24 @@ class Group:
         assert event.pending > 0, "resolved more often than its snapshot allows"
         if event.event_id is not None and sub._bit is not None:
             self.redelivery.remember(event.event_id, sub._bit)
-        event.acked += 1
         event.pending -= 1
         if event.pending == 0:
             self._resolved(event)
+
+    def resolve_acked_all(self, events: list[Event], sub: Subscription) -> None:
+        """:meth:`resolve_acked` for each of ``events`` (a batch binding, SPEC §8):
+        the same effect, one loop instead of one call per event."""
+        bit = sub._bit
+        if bit is not None:
+            ids = [event.event_id for event in events if event.event_id is not None]
+            if ids:
+                self.redelivery.remember_all(ids, bit)
+        for event in events:
+            pending = event.pending - 1
+            assert pending >= 0, "resolved more often than its snapshot allows"
+            event.pending = pending
+            if not pending:
+                self._resolved(event)
 
     def resolve(
         self, event: Event, how: Resolution, reason: str | None = None, by: int = 0
@@ -321,6 +336,11 @@ class Group:
                 self.bindings.abandoned(count)
                 self.resolve(owed, "failed")
             sub._outputs.clear()
+            for batch in sub._batches:
+                for owed in batch.remaining():
+                    self.resolve(owed, "failed")
+            self.bindings.abandoned(len(sub._batches))
+            sub._batches.clear()
             self.departed.discard(sub)
         if not sub._left:
             self._skip_queued(sub)
@@ -360,7 +380,7 @@ class Group:
     def _owes(sub: Subscription, event: Event) -> bool:
         if sub._failure is not None:
             return False
-        if event in sub._outputs:
+        if event in sub._outputs or any(batch.owes(event) for batch in sub._batches):
             return True
         if sub._current is event:
             return not sub._current_resolved
@@ -405,7 +425,7 @@ class Group:
                 await self._healthy.wait()  # the whole roster is attached
             elif self._config.cohort_grace_period > 0:
                 await asyncio.sleep(self._config.cohort_grace_period)
-            stream, get_lane = self._open()
+            stream, get_lane, batched = self._open()
         except asyncio.CancelledError:
             raise  # only the stop cancels the poll before the stream opens
         except Exception as exc:
@@ -424,6 +444,15 @@ class Group:
             async for item in stream:
                 if self.terminal is not None:
                     break
+                if batched:
+                    broadcast = await self._broadcast_batch(item, blocking)
+                    if broadcast is None:
+                        break
+                    since_yield += broadcast
+                    if since_yield >= fairness:
+                        since_yield = 0
+                        await asyncio.sleep(0)
+                    continue
                 if blocking and self._queue_size <= self.log.head - self._min_cursor_hint:
                     await self._make_room()
                     if self.terminal is not None:
@@ -495,14 +524,15 @@ class Group:
             )
         self.terminate(StreamTerminated, f"the upstream failed: {exc!r}", exc)
 
-    def _open(self) -> tuple[Any, Callable[[Any], Hashable] | None]:
+    def _open(self) -> tuple[Any, Callable[[Any], Hashable] | None, bool]:
+        """The upstream to read, the lane function, and whether it yields batches."""
         made = self._factory()
         if not self.ack_mode:
             if not hasattr(made, "__anext__"):
                 raise TypeError(
                     f"source() must return an async iterator, got {type(made).__name__}"
                 )
-            return made, None
+            return made, None, False
         if not isinstance(made, SharedStreamProducer):
             raise TypeError(
                 f"producer() must return a SharedStreamProducer, got {type(made).__name__}"
@@ -511,7 +541,115 @@ class Group:
         if type(made).get_event_id is not SharedStreamProducer.get_event_id:
             self._get_event_id = made.get_event_id
         self.tracker.start(made)
-        return made.open_stream(), made.get_advance_lane
+        if type(made).open_stream_batches is not SharedStreamProducer.open_stream_batches:
+            return made.open_stream_batches(), None, True
+        return made.open_stream(), made.get_advance_lane, False
+
+    async def _broadcast_batch(self, batch: object, blocking: bool) -> int | None:
+        """Broadcast a fetched batch (``open_stream_batches``): every event as the
+        per-event poll would, waiting for room between events as it does (SPEC §3
+        blocking, §7 health, §9 ``max_outstanding``). Returns how many events were
+        broadcast, or ``None`` if the group ended before all of them were."""
+        if not isinstance(batch, EventBatch):
+            raise TypeError(
+                f"open_stream_batches must yield EventBatch, got {type(batch).__name__}"
+            )
+        raws, payloads, lane_key, event_ids = batch
+        total = len(raws)
+        if total == 0 or len(payloads) != total or (
+            event_ids is not None and len(event_ids) != total
+        ):
+            raise TypeError(
+                "an EventBatch needs at least one event and as many payloads (and event "
+                f"ids, if given) as raw events: got {total} raw events, "
+                f"{len(payloads)} payloads"
+                + ("" if event_ids is None else f", {len(event_ids)} event ids")
+            )
+        tracker = self.tracker
+        queue_size = self._queue_size
+        done = 0
+        while done < total:
+            if blocking and queue_size <= self.log.head - self._min_cursor_hint:
+                await self._make_room()
+                if self.terminal is not None:
+                    return None
+            if self.roster is not None and not await self._until_healthy():
+                return None
+            count = min(total - done, tracker.max_outstanding - tracker.outstanding)
+            if blocking:
+                count = min(count, queue_size - (self.log.head - self._min_cursor_hint))
+            assert count > 0, "room for at least one event"
+            self._broadcast_run(raws, payloads, lane_key, event_ids, done, done + count)
+            done += count
+            if tracker.outstanding >= tracker.max_outstanding:
+                assert tracker.outstanding == tracker.max_outstanding, "over max_outstanding"
+                await tracker.wait_for_room()  # SPEC §9
+                if self.terminal is not None:
+                    return None if done < total else done
+        return done
+
+    def _broadcast_run(
+        self,
+        raws: Sequence[Any],
+        payloads: Sequence[Any],
+        lane_key: Hashable,
+        event_ids: Sequence[Hashable] | None,
+        start: int,
+        stop: int,
+    ) -> None:
+        """``_broadcast`` for events ``start..stop`` of one lane, with one clock reading
+        and one wake-up for all of them. The caller made room for every one."""
+        tracker = self.tracker
+        lanes = tracker.lanes
+        lane = lanes.get(lane_key)  # TypeError if unhashable: ends the group
+        if lane is None:
+            lane = lanes[lane_key] = Lane(lane_key)
+        now = self.clock()
+        unresolved = self.unresolved
+        if (
+            unresolved
+            and now - unresolved[0].broadcast_at >= self.ack_timeout
+            and self.roster is None  # rostered: ``_until_healthy`` expired them
+        ):
+            self.expire()  # before the snapshots: the expired are not in them
+        snapshot = len(self.active)
+        assert self.roster is None or snapshot == len(self.roster), "snapshot is the roster"
+        timer_idle = not unresolved
+        log = self.log
+        entries = log.entries
+        lane_events = lane.events
+        acked_by = self.redelivery.acked_by
+        queue_size = self._queue_size
+        tracker.outstanding += stop - start
+        for index in range(start, stop):
+            event_id = None if event_ids is None else event_ids[index]
+            event = Event(log.head, raws[index], payloads[index], lane, snapshot, now, event_id)
+            if event_id is not None and snapshot and acked_by:
+                acked_before = acked_by.get(event_id)
+                if acked_before:
+                    self._carry_over(event, acked_before)
+            lane_events.append(event)
+            if event.pending:
+                unresolved.append(event)
+            else:
+                tracker.resolved(event)  # nobody to wait for
+            entries.append(event)
+            log.head += 1
+            if not snapshot:
+                log.trim()
+            elif log.head - self._min_cursor_hint > queue_size:
+                self._fail_overflowing(event)
+                snapshot = len(self.active)
+        if timer_idle and unresolved:
+            wakeup = self._timer_wakeup
+            if wakeup is not None and not wakeup.done():
+                wakeup.set_result(None)
+        waiters = self.waiters
+        if waiters:
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            waiters.clear()
 
     def _broadcast(
         self, raw: Any, payload: Any, lane_key: Hashable, event_id: Hashable = None
@@ -568,7 +706,6 @@ class Group:
             bit = sub._bit
             if bit is not None and acked_before >> bit & 1:
                 skipped |= 1 << bit
-                event.acked += 1
                 event.pending -= 1
                 by = self.redeliveries_skipped_by
                 by[sub.subscriber_id] = by.get(sub.subscriber_id, 0) + 1
@@ -621,8 +758,9 @@ class Group:
         self.unresolved.clear()
         abandoned = 0
         for sub in [*self.members.values(), *self.departed]:
-            abandoned += sum(sub._outputs.values())
+            abandoned += sum(sub._outputs.values()) + len(sub._batches)
             sub._outputs.clear()
+            sub._batches.clear()
             if sub._current is not None:
                 sub._current_resolved = True
         self.departed.clear()

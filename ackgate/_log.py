@@ -21,13 +21,13 @@ class Event:
     """One raw event of a group, shared by every subscriber in its snapshot.
 
     Invariants (checked by ``tests/core/test_stateful.py``):
-    ``acked + failed + rejected + pending`` is the snapshot size at all times, and
+    ``acked + failed + rejected + pending == snapshot`` at all times (``acked`` is
+    derived, so a subscriber's ack costs one decrement), and
     ``undelivered <= pending + popcount(skipped)``: nobody is handed an event it no
     longer owes (subscribers in ``skipped`` pass it without being handed it).
     """
 
     __slots__ = (
-        "acked",
         "broadcast_at",
         "event_id",
         "failed",
@@ -38,6 +38,7 @@ class Event:
         "raw",
         "rejected",
         "skipped",
+        "snapshot",
         "undelivered",
     )
 
@@ -58,6 +59,7 @@ class Event:
         self.raw = raw
         self.payload = payload
         self.lane = lane
+        self.snapshot = snapshot
         #: Subscribers in the snapshot that have not resolved the event yet.
         self.pending = snapshot
         #: Subscribers in the snapshot that have not been handed the event yet.
@@ -68,9 +70,13 @@ class Event:
         #: Bits of the subscribers counted acked at broadcast because they acked an
         #: earlier copy of ``event_id``: they pass the event without being handed it.
         self.skipped = 0
-        self.acked = 0
         self.failed = 0
         self.rejected = 0
+
+    @property
+    def acked(self) -> int:
+        """Subscribers in the snapshot that acked the event (or an earlier copy)."""
+        return self.snapshot - self.pending - self.failed - self.rejected
 
 
 class EventLog:

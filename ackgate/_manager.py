@@ -220,6 +220,24 @@ class SharedStreamManager:
         if self._in_loop(self._bindings.resolve, seqs, "failed", None):
             self._bindings.resolve(seqs, "failed", None)
 
+    def reject_in_batch(
+        self, seq: int, indexes: Iterable[int], reason: str | None = None
+    ) -> None:
+        """Reject some events of a batch (:meth:`Subscription.pull_batch`): the events
+        at ``indexes`` of the batch bound to ``seq`` resolve as ``rejected`` for its
+        subscriber at once; the others stay bound to ``seq`` (confirm it to ack
+        them). An event already resolved for the subscriber is left as it is, and an
+        index outside the batch is logged at WARNING and ignored. ``reason`` as in
+        :meth:`reject_bound`. A ``seq`` that is not a live batch number is ignored.
+        Safe to call from any task and from other threads, as
+        :meth:`confirm_persisted`.
+        """
+        if not isinstance(indexes, Iterable):
+            raise TypeError(f"reject_in_batch takes an iterable of indexes, got {indexes!r}")
+        _check_reason(reason)
+        if self._in_loop(self._bindings.reject_in_batch, indexes, seq, reason):
+            self._bindings.reject_in_batch(list(indexes), seq, reason)
+
     def _in_loop(self, call: Callable[..., None], seqs: Iterable[int], *args: Any) -> bool:
         """True if the caller is on the manager's loop and should ``call`` itself.
 

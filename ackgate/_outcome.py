@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Hashable, Sequence
 from typing import Any, NamedTuple
 
 
@@ -38,3 +39,20 @@ class AdvanceItem(NamedTuple):
 
     broker_payload: Any
     outcome: AdvanceOutcome
+
+
+class EventBatch(NamedTuple):
+    """Events fetched together, as :meth:`SharedStreamProducer.open_stream_batches`
+    yields them: the bulk form of ``open_stream``'s pairs.
+
+    ``raw_events[i]`` and ``broker_payloads[i]`` are one event (equal lengths, at
+    least one event). Every event of a batch is in the same ``lane`` (what
+    :meth:`~SharedStreamProducer.get_advance_lane` would return for each of
+    them), and ``event_ids`` is ``None`` or holds what
+    :meth:`~SharedStreamProducer.get_event_id` would return for each.
+    """
+
+    raw_events: Sequence[Any]
+    broker_payloads: Sequence[Any]
+    lane: Hashable = None
+    event_ids: Sequence[Hashable] | None = None

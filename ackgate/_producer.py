@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Hashable, Sequence
 from typing import Any
 
 from ackgate._message import Message
-from ackgate._outcome import AdvanceItem
+from ackgate._outcome import AdvanceItem, EventBatch
 
 
 class SharedStreamProducer(ABC):
@@ -31,6 +31,10 @@ class SharedStreamProducer(ABC):
 
     :meth:`to_message` is optional: a :class:`~ackgate.Service` calls it to turn each
     event into the :class:`~ackgate.Message` its handlers receive.
+
+    :meth:`open_stream_batches` is optional too: a producer whose broker fetches
+    many events at once (Kafka) yields them as one :class:`~ackgate.EventBatch`,
+    and the group then takes them in one step instead of one per event.
     """
 
     @abstractmethod
@@ -44,6 +48,38 @@ class SharedStreamProducer(ABC):
         when the group stops; clean up in ``finally`` but keep the connection
         that :meth:`advance` needs.
         """
+
+    def open_stream_batches(self) -> AsyncIterator[EventBatch]:
+        """Optional bulk form of :meth:`open_stream`: yield :class:`~ackgate.EventBatch` es.
+
+        A producer that overrides it is read through it instead of
+        :meth:`open_stream` (which it still implements, for readers of single
+        events). The group handles each event of a batch exactly as if it had
+        been yielded alone, in the batch's order: the same snapshots, ordering,
+        room and resolution rules, and ``advance`` still receives one item per
+        event. What changes is the cost: one step per batch where the
+        group would otherwise take one per event, and the lane and ids come with
+        the batch, so :meth:`get_advance_lane` and :meth:`get_event_id` are not
+        called for these events. The batch's events share one broadcast instant.
+
+        Everything :meth:`open_stream` promises holds here too (laziness,
+        cancellation at a ``yield``, returning is an error). Yielding anything
+        but an ``EventBatch`` with at least one event, equal lengths and a
+        hashable lane ends the group (``StreamTerminated`` with the error as
+        ``__cause__``). Keep batches to what one fetch returns: the group may wait
+        for room between the events of a batch (backpressure, §9), with the rest
+        of the batch held in memory meanwhile.
+        """
+        raise NotImplementedError
+
+    def to_messages(self, batch: EventBatch) -> list[Message]:
+        """:meth:`to_message` for every event of ``batch``, in order. Override it when
+        converting a whole batch is cheaper than one call per event."""
+        to_message = self.to_message
+        return [
+            to_message(raw, payload)
+            for raw, payload in zip(batch.raw_events, batch.broker_payloads, strict=True)
+        ]
 
     @abstractmethod
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:

@@ -50,6 +50,11 @@ class RedeliveryMemory:
             bit = self._bits[subscriber_id] = len(self._bits)
         return bit
 
+    @property
+    def acked_by(self) -> dict[Hashable, int]:
+        """The acked bits by event id, for lookups in bulk (read it, never write it)."""
+        return self._acked_by
+
     def acked_mask(self, event_id: Hashable) -> int:
         return self._acked_by.get(event_id, 0)
 
@@ -64,3 +69,21 @@ class RedeliveryMemory:
         order.append(event_id)
         if len(order) > self._capacity:
             del acked_by[order.popleft()]
+
+    def remember_all(self, event_ids: list[Hashable], bit: int) -> None:
+        """:meth:`remember` for each of ``event_ids``: one subscriber acked them all."""
+        acked_by = self._acked_by
+        flag = 1 << bit
+        fresh: list[Hashable] = []
+        for event_id in event_ids:
+            mask = acked_by.get(event_id)
+            if mask is None:
+                acked_by[event_id] = flag
+                fresh.append(event_id)
+            else:
+                acked_by[event_id] = mask | flag
+        if fresh:
+            order = self._order
+            order.extend(fresh)
+            for _ in range(len(order) - self._capacity):
+                del acked_by[order.popleft()]

@@ -12,8 +12,11 @@ import asyncio
 import logging
 from collections.abc import Hashable
 from contextvars import ContextVar
+from itertools import islice
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
+
+from ackgate._bindings import BatchBinding, BoundBatch
 
 if TYPE_CHECKING:
     from ackgate._group import Group, Resolution
@@ -74,6 +77,9 @@ class Subscription:
         #: Unconfirmed outputs per event whose part is not resolved yet, the open
         #: window's included. Invariant: never holds an event this subscriber resolved.
         self._outputs: dict[Event, int] = {}
+        #: Live batch bindings (``pull_batch``), in binding order. Invariant: an event
+        #: is owed through at most one of ``_outputs`` and a binding here.
+        self._batches: dict[BatchBinding, None] = {}
         #: Set when force-failed: what the next pull raises.
         self._failure: Exception | None = None
         self._left = False
@@ -207,6 +213,63 @@ class Subscription:
             group.room.set()
         return pulled
 
+    async def pull_batch(self, max_events: int) -> BoundBatch:
+        """Pull up to ``max_events`` events at once, all bound to one output.
+
+        For a subscriber that handles events in batches: it waits, as a pull does,
+        until an event is there, then hands out every event already queued for this
+        subscriber, up to ``max_events``, in stream order. Their windows close at
+        once, and one sequence number is bound to all of them: the returned
+        :class:`BoundBatch` has the raw ``events`` and that ``seq``. Then:
+
+        * ``manager.confirm_persisted([seq])``: every event of the batch is acked
+          (and each resolves as if it had been pulled, bound and confirmed alone);
+        * ``manager.reject_bound([seq], reason)`` / ``manager.fail_bound([seq])``:
+          every event not resolved yet is rejected / failed;
+        * ``manager.reject_in_batch(seq, indexes, reason)``: the events at those
+          indexes of ``events`` are rejected now; the rest stay bound to ``seq``;
+        * none of these within ``ack_timeout`` of an event's broadcast: the
+          subscriber is force-failed, as for any unconfirmed output.
+
+        Leaving does not resolve a batch (its windows are closed): resolve it
+        first, with ``fail_bound`` if the handler crashed. Costs one loop step per
+        event, not one call: this is the bulk path of batching consumers.
+
+        Ack mode only (``RuntimeError`` otherwise); ``max_events`` must be an int
+        >= 1 (``ValueError``). Raises what a pull raises. Cancellation while waiting
+        hands out nothing and changes nothing.
+        """
+        group = self._group
+        if not group.ack_mode:
+            raise RuntimeError("pull_batch() needs an ack-mode subscription (producer=)")
+        if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
+            raise ValueError(f"max_events must be an int >= 1, got {max_events!r}")
+        await self.__anext__()
+        first = self._current
+        assert first is not None and not self._current_resolved, "a pull opens a window"
+        self._current = None  # closed at once: the batch binding holds the event
+        events = [first]
+        log = group.log
+        cursor = self._cursor
+        count = min(log.head - cursor, max_events - 1)
+        if count > 0:
+            # The hand-out below mirrors ``__anext__``'s, one loop step per event.
+            start = cursor - log.base
+            self._cursor = cursor + count
+            bit = self._bit
+            for event in islice(log.entries, start, start + count):
+                event.undelivered -= 1
+                skipped = event.skipped
+                if skipped and bit is not None and skipped >> bit & 1:
+                    continue  # counted acked at broadcast: it acked an earlier copy
+                events.append(event)
+            log.trim()
+            if group.blocked:
+                group.room.set()
+        binding = BatchBinding(events)
+        self._batches[binding] = None
+        return BoundBatch([event.raw for event in events], self._registry.bind(self, binding))
+
     async def wait_failed(self) -> Exception:
         """Wait until a pull would raise instead of handing out an event, and return
         that exception (without raising it): the subscription was force-failed
@@ -248,29 +311,87 @@ class Subscription:
             self._group.resolve_acked(event, self)
         # Otherwise the last confirmation resolves it (``_output_confirmed``).
 
-    def _output_resolved(self, event: Event, how: Resolution, reason: str | None) -> int | None:
+    def _output_resolved(
+        self, target: Event | BatchBinding, how: Resolution, reason: str | None
+    ) -> int | None:
         """Caller: the output registry (``reject_bound`` / ``fail_bound``). Resolves
-        this subscriber's part in ``event`` as ``how`` at once, open window or not,
-        left or not. Returns how many other numbers bound to ``event`` went stale,
-        or ``None`` if the event was no longer this subscriber's to resolve."""
+        this subscriber's part in ``target`` (an event, or every event of a batch
+        binding not resolved yet) as ``how`` at once, open window or not, left or
+        not. Returns how many other numbers bound to it went stale, or ``None`` if
+        it was no longer this subscriber's to resolve."""
+        if type(target) is BatchBinding:
+            if target not in self._batches:
+                return None
+            del self._batches[target]
+            for owed in target.remaining():
+                self._resolve(owed, how, reason)
+            self._discard_if_departed()
+            return 0
+        assert type(target) is not BatchBinding
+        event = target
         count = self._outputs.pop(event, None)
         if count is None:
             return None
         if event is self._current:
             self._current_resolved = True
-        group = self._group
         self._resolve(event, how, reason)
-        if self._left and not self._outputs:
-            group.departed.discard(self)
+        self._discard_if_departed()
         return count - 1
+
+    def _batch_part_rejected(
+        self, batch: BatchBinding, indexes: list[object], reason: str | None
+    ) -> bool | None:
+        """Caller: the output registry (``reject_in_batch``). Rejects the events at
+        ``indexes`` of ``batch`` alone. Returns whether the binding has nothing
+        left to resolve, or ``None`` if it was no longer live."""
+        if batch not in self._batches:
+            return None
+        events = batch.events
+        apart = batch.apart
+        if apart is None:
+            apart = batch.apart = set()
+        for index in indexes:
+            if type(index) is not int or not 0 <= index < len(events):
+                logger.warning(
+                    "reject_in_batch() ignored index %r: not an index of the batch "
+                    "(%d events) key=%r subscriber_id=%r",
+                    index,
+                    len(events),
+                    self.key,
+                    self.subscriber_id,
+                )
+                continue
+            event = events[index]
+            if event not in apart:
+                apart.add(event)
+                self._resolve(event, "rejected", reason)
+        if len(apart) < len(events):
+            return False
+        del self._batches[batch]
+        self._discard_if_departed()
+        return True
+
+    def _discard_if_departed(self) -> None:
+        """A departed subscription leaves the group's care once it owes nothing."""
+        if self._left and not self._outputs and not self._batches:
+            self._group.departed.discard(self)
 
     def _resolve(self, event: Event, how: Resolution, reason: str | None) -> None:
         if reason is not None:
             reason = f"{self.subscriber_id}: {reason}"
         self._group.resolve(event, how, reason, self._order)
 
-    def _output_confirmed(self, event: Event) -> bool:
+    def _output_confirmed(self, target: Event | BatchBinding) -> bool:
         """Caller: the output registry. Returns False if the number was stale."""
+        if type(target) is BatchBinding:
+            if target not in self._batches:
+                return False
+            del self._batches[target]
+            self._group.resolve_acked_all(target.remaining(), self)
+            self._discard_if_departed()
+            return True
+        assert type(target) is not BatchBinding
+        event = target
         outputs = self._outputs
         count = outputs.get(event)
         if count is None:
@@ -280,10 +401,8 @@ class Subscription:
             return True
         del outputs[event]
         if event is not self._current:  # its window is closed: this was the last output
-            group = self._group
-            group.resolve_acked(event, self)
-            if self._left and not outputs:
-                group.departed.discard(self)
+            self._group.resolve_acked(event, self)
+            self._discard_if_departed()
         return True
 
     # -- binding and rejecting ---------------------------------------------------

@@ -129,27 +129,37 @@ class HandlerWorker:
                 calls.submit(Job(message, (message,), (seq,), order_by(message)))
 
     async def _pull_batches(self, subscription: Subscription, calls: Calls) -> NoReturn:
-        """Batch handlers: up to ``batch_size`` messages, ``batch_wait`` after the first."""
+        """Batch handlers: up to ``batch_size`` messages, ``batch_wait`` after the first.
+        Each pull binds one ticket to all the messages it hands out."""
         size = self.spec.batch_size
         wait = self.spec.batch_wait
         loop = asyncio.get_running_loop()
         while True:
             if calls.held >= calls.capacity:
                 await calls.wait_room()
-            pulled = await subscription.pull_bound(size)
+            pulled = [await subscription.pull_batch(size)]
+            count = len(pulled[0].events)
             try:
                 deadline = loop.time() + wait
-                while len(pulled) < size:
+                while count < size:
                     try:
                         async with asyncio.timeout_at(deadline):
-                            pulled += await subscription.pull_bound(size - len(pulled))
+                            more = await subscription.pull_batch(size - count)
                     except TimeoutError:
                         break
+                    pulled.append(more)
+                    count += len(more.events)
             except BaseException:
-                self._manager.fail_bound(seq for _, seq in pulled)  # never handed out
+                self._manager.fail_bound([batch.seq for batch in pulled])  # never handed out
                 raise
-            messages = [message for message, _ in pulled]
-            calls.submit(Job(messages, messages, [seq for _, seq in pulled], UNORDERED))
+            messages = (
+                pulled[0].events
+                if len(pulled) == 1
+                else [message for batch in pulled for message in batch.events]
+            )
+            seqs = [batch.seq for batch in pulled]
+            sizes = [len(batch.events) for batch in pulled]
+            calls.submit(Job(messages, messages, seqs, UNORDERED, sizes))
 
 
 def _why_ended(

@@ -9,6 +9,8 @@ def test_public_names_are_pinned() -> None:
             "AdvanceFailed",
             "AdvanceItem",
             "AdvanceOutcome",
+            "BoundBatch",
+            "EventBatch",
             "GroupStats",
             "HandlerStats",
             "Message",

@@ -90,8 +90,9 @@ from collections.abc import AsyncGenerator, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ackgate import AdvanceItem, AdvanceOutcome, Message, SharedStreamProducer
+from ackgate import AdvanceItem, AdvanceOutcome, EventBatch, Message, SharedStreamProducer
 from ackgate_kafka._membership import MembershipKeeper
+from ackgate_kafka._message import check_value, wrap, wrap_all
 
 log = logging.getLogger("ackgate.adapters.kafka")
 
@@ -280,35 +281,19 @@ class KafkaStreamProducer(SharedStreamProducer):
         return (record.topic, record.partition, record.offset)
 
     def to_message(self, raw_event: Any, broker_payload: Any) -> Message:
-        """The record as an :class:`ackgate.Message`.
-
-        ``body`` is the value (``b""`` for a tombstone, whose value is ``None``; tell
-        them apart with ``message.raw.value is None``), ``key`` the key, ``headers``
-        the record headers as a dict (for a header name that occurs more than once
-        the last value wins; every value is in ``message.raw.headers``), ``id``
-        ``"<topic>/<partition>/<offset>"``, ``lane`` the partition
-        (:meth:`get_advance_lane`), ``attempt`` ``None`` (Kafka keeps no delivery
-        count) and ``raw`` the ``ConsumerRecord``. With a value deserializer, a
-        value that is not ``bytes`` is a ``TypeError``.
+        """The record as an :class:`ackgate.Message`, its fields read from the record
+        (:class:`ackgate_kafka._message.RecordMessage` lists them: the body is the
+        value, ``b""`` for a tombstone; ``id`` is ``"<topic>/<partition>/<offset>"``;
+        ``lane`` the partition; ``attempt`` ``None``, as Kafka keeps no delivery
+        count). With a value deserializer, a value that is not ``bytes`` is a
+        ``TypeError``.
         """
-        record = raw_event
-        value = record.value
-        if value is None:
-            value = b""
-        elif not isinstance(value, bytes):
-            raise TypeError(
-                f"{type(self).__name__}.to_message() needs bytes values, got "
-                f"{type(value).__name__}: drop value_deserializer and decode in the handler"
-            )
-        return Message(
-            body=value,
-            key=record.key,
-            headers=dict(record.headers) if record.headers else {},
-            id=f"{record.topic}/{record.partition}/{record.offset}",
-            lane=broker_payload.tp,
-            attempt=None,
-            raw=record,
-        )
+        check_value(self, raw_event.value)
+        return wrap(raw_event, broker_payload.tp)
+
+    def to_messages(self, batch: EventBatch) -> list[Message]:
+        """:meth:`to_message` for a whole partition batch, in one pass."""
+        return wrap_all(self, batch.raw_events, batch.lane)
 
     async def open_stream(self) -> AsyncGenerator[tuple[Any, Any], None]:
         """Join the group and yield ``(ConsumerRecord, delivery)`` for every fetched record.
@@ -317,6 +302,44 @@ class KafkaStreamProducer(SharedStreamProducer):
         ``RuntimeError`` (chained to the aiokafka error) if polling fails later.
         Cancellation stops polling; the consumer stays open for the last advances.
         """
+        batches = self._partition_batches()
+        try:
+            async for tp, part, epoch, records in batches:
+                for record in records:
+                    # A hold or revoke while we were suspended at a yield makes the
+                    # rest of this fetch stale: the seek / the owner after the
+                    # rebalance fetches it again from the committed offset.
+                    if part.epoch != epoch or part.draining:
+                        break
+                    part.yielded_next = record.offset + 1
+                    yield record, _Delivery(tp, record, epoch)
+        finally:
+            await batches.aclose()
+
+    async def open_stream_batches(self) -> AsyncGenerator[EventBatch, None]:
+        """:meth:`open_stream` by partition batch: one :class:`ackgate.EventBatch` per
+        partition of each fetch (its records, their deliveries, the partition as
+        lane and ``(topic, partition, offset)`` ids). Errors and cancellation as
+        in :meth:`open_stream`."""
+        batches = self._partition_batches()
+        new_delivery = tuple.__new__
+        try:
+            async for tp, part, epoch, records in batches:
+                part.yielded_next = records[-1].offset + 1
+                topic, partition = tp.topic, tp.partition
+                yield EventBatch(
+                    records,
+                    [new_delivery(_Delivery, (tp, record, epoch)) for record in records],
+                    tp,
+                    [(topic, partition, record.offset) for record in records],
+                )
+        finally:
+            await batches.aclose()
+
+    async def _partition_batches(self) -> AsyncGenerator[tuple[Any, _Partition, int, Any], None]:
+        """Join the group and yield ``(tp, partition, epoch, records)`` per partition of
+        every fetch, skipping a partition whose epoch moved on (a hold or revoke
+        while the caller was suspended) or that is draining."""
         aiokafka = _import_aiokafka()
         if self._consumer is not None:
             raise RuntimeError("KafkaStreamProducer.open_stream() may be called only once")
@@ -367,14 +390,8 @@ class KafkaStreamProducer(SharedStreamProducer):
                 batches = [(tp, self._own(tp), records) for tp, records in fetched.items()]
                 epochs = [part.epoch for _, part, _ in batches]
                 for (tp, part, records), epoch in zip(batches, epochs, strict=True):
-                    for record in records:
-                        # A hold or revoke while we were suspended at a yield makes the
-                        # rest of this fetch stale: the seek / the owner after the
-                        # rebalance fetches it again from the committed offset.
-                        if part.epoch != epoch or part.draining:
-                            break
-                        part.yielded_next = record.offset + 1
-                        yield record, _Delivery(tp, record, epoch)
+                    if records and part.epoch == epoch and not part.draining:
+                        yield tp, part, epoch, records
         finally:
             await keeper.close()
 

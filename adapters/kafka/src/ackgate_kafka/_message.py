@@ -1,0 +1,116 @@
+"""Kafka records as :class:`ackgate.Message` s, read from the record on access.
+
+A ``Service`` converts every record once, in the poll, before fan-out, so the
+conversion is on the hot path of every message. :class:`RecordMessage` is a
+``Message`` (a subclass: ``isinstance``, ``dataclasses.fields``, ``asdict`` and
+``repr`` work as for any) that only keeps the record and its partition, and reads
+each field from the record when it is asked for: building one costs two slot
+writes, where the dataclass constructor costs seven frozen writes and an id
+string per record. ``dataclasses.replace``, ``copy`` and ``pickle`` give a plain
+``Message`` with the same fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
+
+from ackgate import Message
+
+_new = object.__new__
+
+
+def check_value(producer: object, value: object) -> None:
+    """A ``Message`` body is bytes: a record value must be bytes or ``None``."""
+    if value is not None and not isinstance(value, bytes):
+        raise TypeError(
+            f"{type(producer).__name__}.to_message() needs bytes values, got "
+            f"{type(value).__name__}: drop value_deserializer and decode in the handler"
+        )
+
+
+def _plain(fields: dict[str, Any]) -> Message:
+    return Message(**fields)
+
+
+class RecordMessage(Message):
+    """A ``Message`` whose fields are read from a ``ConsumerRecord``.
+
+    ``body`` is the value (``b""`` for a tombstone, whose value is ``None``; tell
+    them apart with ``message.raw.value is None``), ``key`` the key, ``headers``
+    the record headers as a dict, built once on first access (for a header name
+    that occurs more than once the last value wins; every value is in
+    ``message.raw.headers``), ``id`` ``"<topic>/<partition>/<offset>"``, ``lane``
+    the ``TopicPartition``, ``attempt`` ``None`` (Kafka keeps no delivery count)
+    and ``raw`` the record.
+    """
+
+    __slots__ = ("_headers", "_lane", "_record")
+
+    def __new__(cls, **fields: Any) -> Message:  # type: ignore[misc]
+        # Only ``dataclasses.replace`` and friends call the class: they get a plain
+        # Message. Records are wrapped with :func:`wrap`.
+        return Message(**fields)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _plain, ({name: getattr(self, name) for name in _FIELDS},)
+
+    @property  # type: ignore[override]
+    def body(self) -> bytes:
+        value: bytes | None = self._record.value
+        return b"" if value is None else value
+
+    @property  # type: ignore[override]
+    def key(self) -> bytes | None:
+        key: bytes | None = self._record.key
+        return key
+
+    @property  # type: ignore[override]
+    def headers(self) -> Mapping[str, bytes]:
+        try:
+            headers: Mapping[str, bytes] = self._headers
+        except AttributeError:
+            raw = self._record.headers
+            headers = dict(raw) if raw else {}
+            _set_headers(self, headers)
+        return headers
+
+    @property  # type: ignore[override]
+    def id(self) -> str:
+        record = self._record
+        return f"{record.topic}/{record.partition}/{record.offset}"
+
+    @property  # type: ignore[override]
+    def lane(self) -> Hashable:
+        lane: Hashable = self._lane
+        return lane
+
+    @property  # type: ignore[override]
+    def attempt(self) -> int | None:
+        return None
+
+    @property  # type: ignore[override]
+    def raw(self) -> Any:
+        return self._record
+
+
+_FIELDS = ("body", "id", "key", "headers", "lane", "attempt", "raw")
+_set_record = RecordMessage._record.__set__  # type: ignore[attr-defined]
+_set_lane = RecordMessage._lane.__set__  # type: ignore[attr-defined]
+_set_headers = RecordMessage._headers.__set__  # type: ignore[attr-defined]
+
+
+def wrap(record: Any, lane: Hashable) -> RecordMessage:
+    message: RecordMessage = _new(RecordMessage)
+    _set_record(message, record)
+    _set_lane(message, lane)
+    return message
+
+
+def wrap_all(producer: object, records: Sequence[Any], lane: Hashable) -> list[Message]:
+    """One message per record of a partition's fetch (``check_value`` for each)."""
+    for record in records:
+        value = record.value
+        if value is not None and type(value) is not bytes:
+            check_value(producer, value)
+    return [wrap(record, lane) for record in records]
