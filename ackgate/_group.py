@@ -445,7 +445,7 @@ class Group:
                 if self.terminal is not None:
                     break
                 if batched:
-                    broadcast = await self._broadcast_batch(item, blocking)
+                    broadcast = await self._broadcast_batch(item, blocking, fairness)
                     if broadcast is None:
                         break
                     since_yield += broadcast
@@ -545,11 +545,13 @@ class Group:
             return made.open_stream_batches(), None, True
         return made.open_stream(), made.get_advance_lane, False
 
-    async def _broadcast_batch(self, batch: object, blocking: bool) -> int | None:
+    async def _broadcast_batch(self, batch: object, blocking: bool, fairness: int) -> int | None:
         """Broadcast a fetched batch (``open_stream_batches``): every event as the
         per-event poll would, waiting for room between events as it does (SPEC §3
-        blocking, §7 health, §9 ``max_outstanding``). Returns how many events were
-        broadcast, or ``None`` if the group ended before all of them were."""
+        blocking, §7 health, §9 ``max_outstanding``) and yielding to the loop after
+        every ``fairness`` events, so subscribers read before their queues fill up.
+        Returns how many events were broadcast, or ``None`` if the group ended
+        before all of them were."""
         if not isinstance(batch, EventBatch):
             raise TypeError(
                 f"open_stream_batches must yield EventBatch, got {type(batch).__name__}"
@@ -575,7 +577,11 @@ class Group:
                     return None
             if self.roster is not None and not await self._until_healthy():
                 return None
-            count = min(total - done, tracker.max_outstanding - tracker.outstanding)
+            if done:
+                await asyncio.sleep(0)
+                if self.terminal is not None:
+                    return None
+            count = min(total - done, tracker.max_outstanding - tracker.outstanding, fairness)
             if blocking:
                 count = min(count, queue_size - (self.log.head - self._min_cursor_hint))
             assert count > 0, "room for at least one event"
