@@ -20,9 +20,12 @@ What each :class:`~ackgate.AdvanceOutcome` does to a message:
 Locks: every received message is held under a renewed lock from the moment it is
 received until it is advanced (or abandoned in :meth:`ServiceBusStreamProducer.aclose`);
 on session entities the session lock is renewed instead, since message locks there
-are the session's. A renewal failure is logged at WARNING with the message id and
-sequence number; a lost *session* lock ends the group (``open_stream`` raises), since
-another consumer may now be handed that session's later messages.
+are the session's. The SDK renews one message per call, so renewals that fall due
+together run concurrently, at most 32 in flight: hundreds of held messages are renewed
+in a few round trips, not one after another. A renewal failure is logged at WARNING
+with the message id and sequence number; a lost *session* lock ends the group
+(``open_stream`` raises), since another consumer may now be handed that session's later
+messages.
 
 Suspended at a ``yield`` (SPEC §10: backpressure, a paused rostered group). Renewal is
 a task of its own, not part of the poll, and a message is held from the moment
