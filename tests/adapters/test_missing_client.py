@@ -67,7 +67,9 @@ async def test_a_missing_client_names_what_to_install(
     loaded = [name for name in sys.modules if name.startswith(f"{case.blocked}.")]
     for name in [case.blocked, *loaded]:
         monkeypatch.setitem(sys.modules, name, None)
-    for name in [case.adapter, f"{case.adapter}._producer"]:
+    # The adapter and every one of its modules, so that none was imported with the client.
+    parts = [name for name in sys.modules if name.startswith(f"{case.adapter}.")]
+    for name in [case.adapter, *parts]:
         monkeypatch.delitem(sys.modules, name, raising=False)
     adapter = importlib.import_module(case.adapter)
     producer = case.build(adapter)

@@ -113,7 +113,10 @@ class FakeServiceBus:
     ``receive``, ``complete``, ``abandon``, ``dead_letter``, ``renew``,
     ``renew_session``, ``expire`` and ``max_delivery``. ``renew_faults`` and
     ``settle_faults`` are lists of exceptions raised (and removed) by the next
-    renewals / settlements before the broker is touched.
+    renewals / settlements before the broker is touched. ``renew_delay`` is the
+    seconds every lock renewal (message or session) spends on the way to the broker,
+    which then checks and renews the lock; ``max_renewals_in_flight`` is the most
+    renewals ever under way at once.
     """
 
     def __init__(
@@ -122,6 +125,7 @@ class FakeServiceBus:
         clock: Callable[[], datetime] | None = None,
         lock_duration: float = 30.0,
         max_delivery_count: int = 10,
+        renew_delay: float = 0.0,
     ) -> None:
         self.clock = clock or (lambda: datetime.now(UTC))
         self.lock_duration = timedelta(seconds=lock_duration)
@@ -131,6 +135,9 @@ class FakeServiceBus:
         self.log: list[tuple[str, Any]] = []
         self.renew_faults: list[Exception] = []
         self.settle_faults: list[Exception] = []
+        self.renew_delay = renew_delay
+        self.renewals_in_flight = 0
+        self.max_renewals_in_flight = 0
         self.clients: list[FakeServiceBusClient] = []
         self._sequence = itertools.count(1)
         self._changed: asyncio.Event | None = None
@@ -201,6 +208,16 @@ class FakeServiceBus:
                 pass
 
     # -- broker internals ---------------------------------------------------------
+
+    async def renewal_round_trip(self) -> None:
+        """The way of one renewal to the broker: ``renew_delay`` seconds, counted in flight."""
+        self.renewals_in_flight += 1
+        self.max_renewals_in_flight = max(self.max_renewals_in_flight, self.renewals_in_flight)
+        try:
+            if self.renew_delay:
+                await asyncio.sleep(self.renew_delay)
+        finally:
+            self.renewals_in_flight -= 1
 
     def _entity(self, name: str, requires_session: bool) -> FakeEntity:
         dead_letter = FakeEntity(
@@ -312,6 +329,7 @@ class FakeSession:
         _check_timeout(timeout)
         bus = self._receiver.bus
         self._receiver.check_live()
+        await bus.renewal_round_trip()
         if bus.renew_faults:
             raise bus.renew_faults.pop(0)
         lock = self._receiver.session_lock()
@@ -481,6 +499,7 @@ class FakeReceiver:
         _check_timeout(timeout)
         if self.session is not None:
             raise TypeError("Renewing message lock is an invalid operation with sessions.")
+        await self.bus.renewal_round_trip()
         stored = self._check_lock(message, "renew")
         if self.bus.renew_faults:
             raise self.bus.renew_faults.pop(0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -25,6 +26,7 @@ from ackgate_servicebus import (
     NEXT_AVAILABLE_SESSION,
     ServiceBusStreamProducer,
 )
+from ackgate_servicebus._locks import RENEWALS_IN_FLIGHT
 
 from .fake_servicebus import FakeServiceBus
 
@@ -177,6 +179,38 @@ async def test_lock_renewal_keeps_a_slow_message(bus: FakeServiceBus) -> None:
     await p.advance([AdvanceItem(payload, CLEAN)])
     assert bus.ops("complete") == [sequence_number]
     assert bus.ops("expire") == [] and bus.ops("receive") == [sequence_number]
+    await stream.aclose()
+    await p.aclose()
+
+
+async def test_hundreds_of_held_locks_are_renewed_concurrently_before_they_lapse() -> None:
+    # 200 messages locked at once for 2 s, each renewal 20 ms on the wire, renewed once
+    # under 1.2 s are left: one after another a pass takes 4 s and most locks lapse
+    # before their turn; RENEWALS_IN_FLIGHT at a time it takes 7 round trips (0.14 s).
+    bus = FakeServiceBus(lock_duration=2.0, renew_delay=0.02)
+    bus.create_queue("q")
+    sent = [bus.send("q", f"m{i}") for i in range(200)]
+    p = ServiceBusStreamProducer(
+        client_factory=bus.client,
+        queue_name="q",
+        max_message_count=len(sent),
+        max_wait_time=0.05,
+        lock_renewal_margin=1.2,
+    )
+    stream = open_stream(p)
+    events = await pull(stream, len(sent))
+    assert bus.ops("receive") == sent  # one receive: every lock runs from the same moment
+
+    def renewed_twice_or_lapsed() -> bool:
+        renewals = Counter(bus.ops("renew"))
+        return bool(bus.ops("expire")) or all(renewals[n] >= 2 for n in sent)
+
+    async with asyncio.timeout(10):  # two renewals each: held past the first lock's end
+        await bus.wait_until(renewed_twice_or_lapsed)
+    assert bus.ops("expire") == []
+    assert bus.max_renewals_in_flight == RENEWALS_IN_FLIGHT
+    await p.advance([AdvanceItem(payload, CLEAN) for _, payload in events])
+    assert sorted(bus.ops("complete")) == sent
     await stream.aclose()
     await p.aclose()
 

@@ -162,10 +162,10 @@ class FlakyClient:
 
 def fake_payloads(count: int) -> list[Any]:
     """Broker payloads as open_stream makes them, without a server."""
-    from ackgate_sqs._producer import _Receipt
+    from ackgate_sqs._message import Receipt
 
     return [
-        _Receipt({"MessageId": f"id-{i}", "ReceiptHandle": f"rh-{i}"}, f"id-{i}", 0.0)
+        Receipt({"MessageId": f"id-{i}", "ReceiptHandle": f"rh-{i}"}, f"id-{i}", 0.0)
         for i in range(count)
     ]
 

@@ -66,21 +66,20 @@ import asyncio
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from logging import getLogger
 from typing import Any
 
-from ackgate import AckGateError, AdvanceItem, AdvanceOutcome, Message, SharedStreamProducer
+from ackgate import AdvanceItem, AdvanceOutcome, Message, SharedStreamProducer
+from ackgate_pubsub._ack_calls import AckCall, run_ack_call
+from ackgate_pubsub._dead_letter import publish_dead_letters
+from ackgate_pubsub._errors import PubSubError
+from ackgate_pubsub._message import Received, to_message
 
 try:
     import grpc  # type: ignore[import-untyped,unused-ignore]
     from google.api_core import exceptions as gexc
-    from google.pubsub_v1 import (
-        PublisherAsyncClient,
-        PubsubMessage,
-        PullResponse,
-        SubscriberAsyncClient,
-    )
+    from google.pubsub_v1 import PublisherAsyncClient, PullResponse, SubscriberAsyncClient
     from google.pubsub_v1.services.publisher.transports import PublisherGrpcAsyncIOTransport
     from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcAsyncIOTransport
 except ImportError as _exc:  # deferred: importing this module must not need the SDK
@@ -90,23 +89,8 @@ else:
 
 logger = getLogger("ackgate.adapters.pubsub")
 
-REASON_ATTRIBUTE = "ackgate-reason"
-SOURCE_ATTRIBUTE = "ackgate-source-subscription"
-
-# An ack/modack request is capped at 512 KiB and an ack id runs to a few hundred bytes.
-_ACK_IDS_PER_CALL = 1000
-_EOD_ATTEMPTS = 3
-_ATTRIBUTE_LIMIT = 1024  # bytes in one attribute value
 # Pull responses may exceed gRPC's 4 MiB default; the SDK lifts the limit the same way.
 _NO_SIZE_LIMIT = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
-
-AckCall = Callable[[list[str]], Awaitable[None]]
-# A protobuf google.pubsub.v1.ReceivedMessage (the SDK types it loosely).
-Received = Any
-
-
-class PubSubError(AckGateError):
-    """A Pub/Sub call failed. ``__cause__`` is the SDK's exception."""
 
 
 class PubSubStreamProducer(SharedStreamProducer):
@@ -188,17 +172,7 @@ class PubSubStreamProducer(SharedStreamProducer):
 
     def to_message(self, raw_event: Any, broker_payload: Any) -> Message:
         """The :class:`~ackgate.Message` of one pulled message (see the module docstring)."""
-        received: Received = raw_event
-        message = received.message
-        return Message(
-            body=bytes(message.data),
-            key=message.ordering_key.encode() if message.ordering_key else None,
-            headers={name: value.encode() for name, value in message.attributes.items()},
-            id=message.message_id,
-            lane=self.get_advance_lane(broker_payload),
-            attempt=received.delivery_attempt or None,
-            raw=received,
-        )
+        return to_message(raw_event, self.get_advance_lane(broker_payload))
 
     async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
         """Connect, then long-poll the subscription forever.
@@ -241,7 +215,8 @@ class PubSubStreamProducer(SharedStreamProducer):
                 dead.append((message, outcome))
             settle[message.ack_id] = outcome.is_clean
         if dead and self._dlq_topic is not None:
-            await self._publish_dead_letters(dead)
+            assert self._publisher is not None  # made in _connect when there is a dlq_topic
+            await publish_dead_letters(self._publisher, self._dlq_topic, self._subscription, dead)
             settle.update((message.ack_id, True) for message, _ in dead)
         self._queued.update(settle)
         for ack_id in settle:
@@ -427,26 +402,6 @@ class PubSubStreamProducer(SharedStreamProducer):
         if self._broken is not None:
             raise PubSubError(str(self._broken)) from self._broken.__cause__
 
-    async def _publish_dead_letters(self, dead: list[tuple[Received, AdvanceOutcome]]) -> None:
-        assert self._publisher is not None and self._dlq_topic is not None
-        for received, outcome in dead:
-            original = received.message
-            attributes = dict(original.attributes)
-            total = outcome.acked + outcome.rejected + outcome.failed
-            summary = f"rejected by {outcome.rejected} of {total} subscribers"
-            attributes[REASON_ATTRIBUTE] = _capped("; ".join((summary, *outcome.reasons)))
-            attributes[SOURCE_ATTRIBUTE] = self._subscription
-            copy = PubsubMessage(
-                data=original.data, attributes=attributes, ordering_key=original.ordering_key
-            )
-            # One request per message: rejects are rare, and a request is then always
-            # within the size limits and carries one ordering key, in lane order.
-            try:
-                await self._publisher.publish(topic=self._dlq_topic, messages=[copy])
-            except gexc.GoogleAPIError as exc:
-                raise PubSubError(f"publish to {self._dlq_topic} failed: {exc}") from exc
-        logger.info("Dead-lettered %d messages to %s", len(dead), self._dlq_topic)
-
     async def _acknowledge(self, ack_ids: list[str]) -> None:
         assert self._subscriber is not None
         await self._subscriber.acknowledge(subscription=self._subscription, ack_ids=ack_ids)
@@ -466,34 +421,8 @@ class PubSubStreamProducer(SharedStreamProducer):
         )
 
     async def _settle(self, what: str, call: AckCall, ack_ids: list[str]) -> dict[str, str]:
-        """Run ``call`` over ``ack_ids`` in chunks; return the ids refused for good, with why.
-
-        Per-ack-id failures exist on exactly-once subscriptions only: transient ones
-        are retried, permanent ones returned. Any other failure raises
-        :class:`PubSubError`.
-        """
-        refused: dict[str, str] = {}
-        for start in range(0, len(ack_ids), _ACK_IDS_PER_CALL):
-            pending = ack_ids[start : start + _ACK_IDS_PER_CALL]
-            for attempt in range(_EOD_ATTEMPTS):
-                try:
-                    await call(pending)
-                    pending = []
-                    break
-                except gexc.GoogleAPIError as exc:
-                    per_ack = _per_ack_failures(exc, pending)
-                    if per_ack is None:
-                        raise PubSubError(f"{what} on {self._subscription} failed: {exc}") from exc
-                    retry = [a for a in pending if per_ack.get(a, "").startswith("TRANSIENT_")]
-                    refused.update(
-                        (a, per_ack[a]) for a in pending if a in per_ack and a not in retry
-                    )
-                    pending = retry
-                    if not pending:
-                        break
-                    await asyncio.sleep(0.1 * 2**attempt)  # back off before retrying
-            refused.update((a, "transient failures persisted") for a in pending)
-        return refused
+        """``call`` over ``ack_ids``; the ids refused for good, with why (see run_ack_call)."""
+        return await run_ack_call(self._subscription, what, call, ack_ids)
 
     def _log_refused(self, what: str, refused: dict[str, str]) -> None:
         for ack_id, reason in refused.items():
@@ -506,14 +435,6 @@ class PubSubStreamProducer(SharedStreamProducer):
             )
 
 
-def _capped(text: str) -> str:
-    """``text`` within Pub/Sub's 1024-byte limit on an attribute value."""
-    data = text.encode()
-    if len(data) <= _ATTRIBUTE_LIMIT:
-        return text
-    return data[: _ATTRIBUTE_LIMIT - 3].decode(errors="ignore") + "..."
-
-
 def _check_name(argument: str, name: str, kind: str) -> None:
     project, _, rest = name.removeprefix("projects/").partition(f"/{kind}/")
     if not name.startswith("projects/") or not project or not rest:
@@ -523,11 +444,3 @@ def _check_name(argument: str, name: str, kind: str) -> None:
 async def _close(transport: Any) -> None:
     close: Callable[[], Awaitable[None]] = transport.close  # the SDK leaves it untyped
     await close()
-
-
-def _per_ack_failures(exc: Exception, ack_ids: list[str]) -> dict[str, str] | None:
-    """The ack id -> failure reason map an exactly-once subscription sends, if this is one."""
-    metadata = getattr(exc, "metadata", None)
-    if not isinstance(metadata, Mapping) or not any(ack_id in metadata for ack_id in ack_ids):
-        return None
-    return {str(key): str(value) for key, value in metadata.items()}

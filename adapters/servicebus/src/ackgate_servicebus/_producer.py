@@ -20,9 +20,12 @@ What each :class:`~ackgate.AdvanceOutcome` does to a message:
 Locks: every received message is held under a renewed lock from the moment it is
 received until it is advanced (or abandoned in :meth:`ServiceBusStreamProducer.aclose`);
 on session entities the session lock is renewed instead, since message locks there
-are the session's. A renewal failure is logged at WARNING with the message id and
-sequence number; a lost *session* lock ends the group (``open_stream`` raises), since
-another consumer may now be handed that session's later messages.
+are the session's. The SDK renews one message per call, so renewals that fall due
+together run concurrently, at most 32 in flight: hundreds of held messages are renewed
+in a few round trips, not one after another. A renewal failure is logged at WARNING
+with the message id and sequence number; a lost *session* lock ends the group
+(``open_stream`` raises), since another consumer may now be handed that session's later
+messages.
 
 Suspended at a ``yield`` (SPEC §10: backpressure, a paused rostered group). Renewal is
 a task of its own, not part of the poll, and a message is held from the moment
@@ -64,23 +67,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from enum import Enum
 from types import SimpleNamespace
 from typing import Any, Final
 
 from ackgate import AdvanceItem, AdvanceOutcome, Message, SharedStreamProducer
+from ackgate_servicebus._dead_letter import DEAD_LETTER_REASON, error_description
+from ackgate_servicebus._locks import Delivery, LockKeeper
+from ackgate_servicebus._message import ids, to_message
 
-__all__ = ["DEAD_LETTER_REASON", "NEXT_AVAILABLE_SESSION", "ServiceBusStreamProducer"]
+__all__ = ["NEXT_AVAILABLE_SESSION", "ServiceBusStreamProducer"]
 
 _log = logging.getLogger("ackgate.adapters.servicebus")
-
-DEAD_LETTER_REASON: Final = "ackgate-rejected"
-"""The ``reason`` given to ``dead_letter_message`` for a rejected event."""
-
-_DESCRIPTION_LIMIT: Final = 4096
-"""Characters of the ``error_description`` given to ``dead_letter_message``."""
 
 _CLOSE_TIMEOUT: Final = 10.0
 """Seconds :meth:`ServiceBusStreamProducer.aclose` spends abandoning unadvanced messages."""
@@ -122,50 +120,6 @@ def _import_sdk() -> SimpleNamespace:
         settlement_errors=(ServiceBusError, MessageAlreadySettled),
         no_session_errors=(OperationTimeoutError, SessionCannotBeLockedError),
     )
-
-
-@dataclass(eq=False, slots=True)
-class _Delivery:
-    """The broker payload: one received message and the receiver that must settle it."""
-
-    message: Any
-    receiver: Any
-    lane: Hashable
-    # Set by the renewal loop; once True the message is never settled by us.
-    lock_lost: bool = False
-    # Set when advance() starts settling, so a racing renewal error is not a loss.
-    settling: bool = False
-
-
-def _ids(message: Any) -> str:
-    return f"message_id={message.message_id} sequence_number={message.sequence_number}"
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes | bytearray) else str(value)
-
-
-def _value_bytes(value: Any) -> bytes:
-    """An application property value as bytes: bytes as they are, the rest UTF-8."""
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value)
-    return str(value).encode()
-
-
-def _body_bytes(body: Any) -> bytes:
-    """The body as bytes: a data body (bytes, or an iterable of bytes sections) joined;
-    a ``str`` value body as UTF-8; any other value body as its ``str()`` in UTF-8."""
-    if isinstance(body, bytes | bytearray | memoryview):
-        return bytes(body)
-    if isinstance(body, str):
-        return body.encode()
-    try:
-        sections = list(body)
-    except TypeError:
-        return str(body).encode()
-    if all(isinstance(section, bytes | bytearray | memoryview) for section in sections):
-        return b"".join(bytes(section) for section in sections)
-    return str(sections).encode()
 
 
 def _endpoint_host(connection_string: str) -> str | None:
@@ -297,11 +251,7 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         self._sdk: SimpleNamespace | None = None
         self._client: Any = None
         self._receiver: Any = None
-        self._renewer: asyncio.Task[None] | None = None
-        # Invariant: holds exactly the deliveries received and not yet advanced or
-        # abandoned in aclose(); the renewal loop renews these and nothing else.
-        self._held: set[_Delivery] = set()
-        self._session_lost: BaseException | None = None
+        self._locks = LockKeeper(self._lock_renewal_margin, sessionful=self._sessionful)
 
     def __repr__(self) -> str:
         if self._connection_string is not None:
@@ -325,7 +275,7 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         """
         sdk = self._sdk = _import_sdk()
         self._client = self._make_client(sdk)
-        self._renewer = asyncio.create_task(self._renew_locks(), name=f"ackgate renew {self!r}")
+        self._locks.start(lambda: self._receiver, name=f"ackgate renew {self!r}")
         _log.info("Receiving from Service Bus %s", self._entity)
         while True:
             if self._receiver is None:
@@ -341,15 +291,15 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                 _log.debug("No Service Bus session available on %s; retrying", self._entity)
                 await self._close_receiver()
                 continue
-            self._check_renewal()
+            self._locks.check()
             if not messages:
                 if self._next_available and not self._holds(receiver):
                     # Idle and fully advanced: let the next session with messages in.
                     await self._close_receiver()
                 continue
-            deliveries = [_Delivery(m, receiver, self._lane_of(m)) for m in messages]
-            self._held.update(deliveries)
-            deliveries = await self._renew_stale(deliveries)
+            deliveries = [Delivery(m, receiver, self._lane_of(m)) for m in messages]
+            self._locks.held.update(deliveries)
+            deliveries = await self._locks.renew_on_receipt(deliveries)
             for delivery in deliveries:
                 yield delivery.message, delivery
 
@@ -365,18 +315,7 @@ class ServiceBusStreamProducer(SharedStreamProducer):
 
     def to_message(self, raw_event: Any, broker_payload: Any) -> Message:
         """The :class:`~ackgate.Message` of one received message (module docstring)."""
-        message = raw_event
-        properties = message.application_properties or {}
-        count = message.delivery_count
-        return Message(
-            body=_body_bytes(message.body),
-            key=None if message.session_id is None else str(message.session_id).encode(),
-            headers={_text(name): _value_bytes(value) for name, value in properties.items()},
-            id=str(message.message_id or message.sequence_number),
-            lane=self.get_advance_lane(broker_payload),
-            attempt=None if count is None else count + 1,
-            raw=message,
-        )
+        return to_message(raw_event, self.get_advance_lane(broker_payload))
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """Settle each message in order: complete, dead-letter or abandon (module docstring).
@@ -397,9 +336,7 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         whatever happened before.
         """
         try:
-            if self._renewer is not None:
-                self._renewer.cancel()
-                await asyncio.wait([self._renewer])
+            await self._locks.stop()
             await self._abandon_held()
         finally:
             try:
@@ -448,20 +385,14 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         return lane
 
     def _holds(self, receiver: Any) -> bool:
-        return any(delivery.receiver is receiver for delivery in self._held)
-
-    def _check_renewal(self) -> None:
-        if self._session_lost is not None:
-            raise self._session_lost
-        if self._renewer is not None and self._renewer.done():
-            raise RuntimeError("Service Bus lock renewal stopped") from self._renewer.exception()
+        return any(delivery.receiver is receiver for delivery in self._locks.held)
 
     async def _close_receiver(self) -> None:
         receiver, self._receiver = self._receiver, None
         if receiver is not None:
             await receiver.close()
 
-    async def _settle(self, delivery: _Delivery, outcome: AdvanceOutcome) -> None:
+    async def _settle(self, delivery: Delivery, outcome: AdvanceOutcome) -> None:
         assert self._sdk is not None, "advance() before open_stream()"
         message, receiver = delivery.message, delivery.receiver
         delivery.settling = True
@@ -469,25 +400,16 @@ class ServiceBusStreamProducer(SharedStreamProducer):
             if delivery.lock_lost:
                 _log.warning(
                     "Service Bus lock was lost; not settling %s (%s); the broker redelivers it",
-                    _ids(message),
+                    ids(message),
                     outcome,
                 )
                 return
             if outcome.is_clean:
                 action, settlement = "complete", receiver.complete_message(message)
             elif outcome.rejected and not outcome.failed:
-                total = outcome.acked + outcome.rejected
-                why = "; ".join(
-                    (
-                        f"rejected by {outcome.rejected} of {total} ackgate subscribers",
-                        *outcome.reasons,
-                    )
-                )
-                if len(why) > _DESCRIPTION_LIMIT:
-                    why = why[: _DESCRIPTION_LIMIT - 3] + "..."
                 action = "dead-letter"
                 settlement = receiver.dead_letter_message(
-                    message, reason=DEAD_LETTER_REASON, error_description=why
+                    message, reason=DEAD_LETTER_REASON, error_description=error_description(outcome)
                 )
             else:
                 action, settlement = "abandon", receiver.abandon_message(message)
@@ -497,15 +419,15 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                 _log.warning(
                     "Service Bus %s failed for %s (%s); the broker redelivers it",
                     action,
-                    _ids(message),
+                    ids(message),
                     type(exc).__name__,
                 )
         finally:
-            self._held.discard(delivery)
+            self._locks.held.discard(delivery)
 
     async def _abandon_held(self) -> None:
-        pending = [d for d in self._held if not (d.lock_lost or d.settling)]
-        self._held.clear()
+        pending = [d for d in self._locks.held if not (d.lock_lost or d.settling)]
+        self._locks.held.clear()
         if not pending or self._sdk is None:
             return
         _log.info("Abandoning %d unadvanced Service Bus messages on close", len(pending))
@@ -517,87 +439,8 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                     except self._sdk.settlement_errors as exc:
                         _log.debug(
                             "Abandon on close failed for %s (%s)",
-                            _ids(delivery.message),
+                            ids(delivery.message),
                             type(exc).__name__,
                         )
         except TimeoutError:
             _log.warning("Gave up abandoning Service Bus messages on close; their locks lapse")
-
-    async def _renew_stale(self, deliveries: list[_Delivery]) -> list[_Delivery]:
-        """Renew at once the locks about to lapse on receipt (prefetched messages); return
-        the deliveries to hand out: those whose lock is lost are dropped from the hold."""
-        due = datetime.now(UTC) + timedelta(seconds=self._lock_renewal_margin)
-        kept = []
-        for delivery in deliveries:
-            locked_until = delivery.message.locked_until_utc
-            if locked_until is not None and locked_until <= due:
-                try:
-                    await delivery.receiver.renew_message_lock(
-                        delivery.message, timeout=self._lock_renewal_margin
-                    )
-                except Exception as exc:
-                    self._held.discard(delivery)
-                    _log.warning(
-                        "Service Bus lock of %s lapsed before it was received (%s); not "
-                        "handed out, the broker redelivers it",
-                        _ids(delivery.message),
-                        type(exc).__name__,
-                    )
-                    continue
-            kept.append(delivery)
-        return kept
-
-    async def _renew_locks(self) -> None:
-        # Runs from open_stream until aclose. One failure loses one lock (or, for a
-        # session, the session), never the loop; each call is bounded by the margin
-        # so one hung renewal cannot let the other locks lapse.
-        margin = timedelta(seconds=self._lock_renewal_margin)
-        while True:
-            await asyncio.sleep(self._lock_renewal_margin / 3)
-            due = datetime.now(UTC) + margin
-            receiver = self._receiver
-            if self._sessionful and receiver is not None and self._session_lost is None:
-                await self._renew_session(receiver, due)
-            for delivery in list(self._held):
-                locked_until = delivery.message.locked_until_utc
-                if (
-                    delivery.lock_lost
-                    or delivery.settling
-                    or locked_until is None
-                    or locked_until > due
-                ):
-                    continue
-                try:
-                    await delivery.receiver.renew_message_lock(
-                        delivery.message, timeout=self._lock_renewal_margin
-                    )
-                except Exception as exc:
-                    if delivery.settling or delivery not in self._held:
-                        continue  # advanced meanwhile: the error is about a settled message
-                    delivery.lock_lost = True
-                    _log.warning(
-                        "Service Bus lock renewal failed for %s (%s); it will not be settled "
-                        "and the broker redelivers it",
-                        _ids(delivery.message),
-                        type(exc).__name__,
-                    )
-
-    async def _renew_session(self, receiver: Any, due: datetime) -> None:
-        session = receiver.session
-        if session is None or session.locked_until_utc is None or session.locked_until_utc > due:
-            return
-        try:
-            await session.renew_lock(timeout=self._lock_renewal_margin)
-        except Exception as exc:
-            if receiver is not self._receiver:
-                return  # released by open_stream meanwhile
-            self._session_lost = exc
-            for delivery in self._held:
-                if delivery.receiver is receiver:
-                    delivery.lock_lost = True
-            _log.warning(
-                "Service Bus session lock renewal failed for session_id=%s (%s); "
-                "its unsettled messages will be redelivered and the stream ends",
-                session.session_id,
-                type(exc).__name__,
-            )

@@ -70,125 +70,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterator, Sequence
+from collections.abc import AsyncIterator, Hashable, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
 from typing import Any
 
 from ackgate import AdvanceItem, AdvanceOutcome, Message, SharedStreamProducer
+from ackgate_sqs._batches import BATCH_LIMIT, Coalescer, chunks, failed_ids, submit
+from ackgate_sqs._dead_letter import dead_letter
+from ackgate_sqs._message import Receipt, to_message
 
 logger = logging.getLogger("ackgate.adapters.sqs")
-
-REASON_ATTRIBUTE = "ackgate.reason"
-"""Message attribute naming why a message was dead-lettered through ``dlq_queue_url``."""
-
-_BATCH_LIMIT = 10  # SQS takes at most ten entries per batch call
-_REASON_LIMIT = 4096  # characters of ackgate.reason
-_ATTEMPTS = 3
-_RETRY_DELAY = 0.2
-# Entry codes meaning the receipt handle no longer names an in-flight message:
-# retrying cannot help, and SQS redelivers the message on its own.
-_STALE_CODES = frozenset(
-    {
-        "ReceiptHandleIsInvalid",
-        "MessageNotInflight",
-        "AWS.SimpleQueueService.MessageNotInflight",
-    }
-)
-
-_BatchCall = Callable[..., Awaitable[dict[str, Any]]]
-
-
-@dataclass(eq=False, slots=True)
-class _Receipt:
-    """The broker payload of one received message (opaque to ackgate)."""
-
-    message: dict[str, Any]
-    lane: str
-    deadline: float
-    """Loop time by which the visibility lapses, counted from *before* the call that
-    set it, so it errs early. Only the heartbeat moves it."""
-
-    @property
-    def message_id(self) -> str:
-        return str(self.message["MessageId"])
-
-    @property
-    def handle(self) -> str:
-        return str(self.message["ReceiptHandle"])
-
-
-def _chunks(receipts: Sequence[_Receipt]) -> Iterator[Sequence[_Receipt]]:
-    for start in range(0, len(receipts), _BATCH_LIMIT):
-        yield receipts[start : start + _BATCH_LIMIT]
-
-
-def _attribute_bytes(value: dict[str, Any]) -> bytes:
-    """A message attribute's value: ``Binary`` types as they are, the others UTF-8."""
-    if str(value.get("DataType", "")).startswith("Binary"):
-        return bytes(value.get("BinaryValue", b""))
-    return str(value.get("StringValue", "")).encode()
-
-
-def _with_reasons(summary: str, outcome: AdvanceOutcome) -> str:
-    """``summary``, then the rejecting subscribers' reasons (SPEC §8), capped in length."""
-    text = "; ".join((summary, *outcome.reasons))
-    return text if len(text) <= _REASON_LIMIT else text[: _REASON_LIMIT - 3] + "..."
-
-
-def _ids(failures: Sequence[tuple[_Receipt, str]]) -> str:
-    return ", ".join(f"{receipt.message_id} ({code})" for receipt, code in failures)
-
-
-class _Coalescer:
-    """Merges the messages of concurrent :meth:`SqsStreamProducer.advance` calls
-    into batch calls of up to ten.
-
-    On a standard queue every message is its own lane, so each advance carries a
-    single message; with ``max_concurrent_advances`` above 1 the advances running
-    at the same time share one batch call instead of paying one request each.
-    A caller returns once its own messages were sent; an error of the call they
-    shared is raised in every caller.
-    """
-
-    def __init__(self, send: Callable[[Sequence[_Receipt]], Awaitable[None]]) -> None:
-        self._send = send
-        self._waiting: list[tuple[_Receipt, asyncio.Future[None]]] = []
-        self._sender: asyncio.Task[None] | None = None
-
-    async def submit(self, receipts: Sequence[_Receipt]) -> None:
-        if not receipts:
-            return
-        loop = asyncio.get_running_loop()
-        futures = [loop.create_future() for _ in receipts]
-        self._waiting.extend(zip(receipts, futures, strict=True))
-        if self._sender is None:
-            self._sender = loop.create_task(self._send_waiting())
-        await asyncio.gather(*futures)
-
-    async def _send_waiting(self) -> None:
-        try:
-            await asyncio.sleep(0)  # let the advances started in this pass join in
-            while self._waiting:
-                chunk = self._waiting[:_BATCH_LIMIT]
-                del self._waiting[:_BATCH_LIMIT]
-                try:
-                    await self._send([receipt for receipt, _ in chunk])
-                except Exception as exc:
-                    for _, future in chunk:
-                        if not future.done():
-                            future.set_exception(exc)
-                else:
-                    for _, future in chunk:
-                        if not future.done():
-                            future.set_result(None)
-        finally:
-            self._sender = None
-            # Only reached with messages left if this task was cancelled (loop
-            # shutdown): their advances must not wait forever.
-            for _, future in self._waiting:
-                future.cancel()
-            self._waiting.clear()
 
 
 class SqsStreamProducer(SharedStreamProducer):
@@ -224,7 +115,7 @@ class SqsStreamProducer(SharedStreamProducer):
     ) -> None:
         if not queue_url:
             raise ValueError("queue_url must name a queue")
-        if not 1 <= max_messages <= _BATCH_LIMIT:
+        if not 1 <= max_messages <= BATCH_LIMIT:
             raise ValueError(f"max_messages must be within 1..10, got {max_messages!r}")
         if not 0 <= wait_time_seconds <= 20:
             raise ValueError(f"wait_time_seconds must be within 0..20, got {wait_time_seconds!r}")
@@ -247,14 +138,14 @@ class SqsStreamProducer(SharedStreamProducer):
         self._client: Any = None
         # Received and not yet advanced, by receipt handle: exactly what the
         # heartbeat keeps invisible and what aclose() hands back to the queue.
-        self._outstanding: dict[str, _Receipt] = {}
+        self._outstanding: dict[str, Receipt] = {}
         # Held around every visibility change so a heartbeat extension can never
         # land after (and undo) the visibility 0 of a failed message.
         self._visibility_lock = asyncio.Lock()
-        self._deletes = _Coalescer(self._delete)
-        self._releases = _Coalescer(self._release)
+        self._deletes = Coalescer(self._delete)
+        self._releases = Coalescer(self._release)
         self._heartbeat: asyncio.Task[None] | None = None
-        self._receiving: asyncio.Task[list[tuple[dict[str, Any], _Receipt]]] | None = None
+        self._receiving: asyncio.Task[list[tuple[dict[str, Any], Receipt]]] | None = None
 
     async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
         """Long-poll the queue forever, yielding ``(message, receipt)``.
@@ -271,33 +162,17 @@ class SqsStreamProducer(SharedStreamProducer):
                 yield pair
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
-        receipt: _Receipt = broker_payload
+        receipt: Receipt = broker_payload
         return receipt.lane
 
     def get_event_id(self, broker_payload: Any) -> Hashable | None:
         """The ``MessageId``: the same for every receive of one message (SPEC §13)."""
-        receipt: _Receipt = broker_payload
+        receipt: Receipt = broker_payload
         return receipt.message_id
 
     def to_message(self, raw_event: Any, broker_payload: Any) -> Message:
         """The :class:`~ackgate.Message` of one received message (see the module docstring)."""
-        receipt: _Receipt = broker_payload
-        message: dict[str, Any] = raw_event
-        system = message.get("Attributes", {})
-        group = system.get("MessageGroupId")
-        count = system.get("ApproximateReceiveCount")
-        return Message(
-            body=str(message.get("Body", "")).encode(),
-            key=None if group is None else str(group).encode(),
-            headers={
-                name: _attribute_bytes(value)
-                for name, value in message.get("MessageAttributes", {}).items()
-            },
-            id=receipt.message_id,
-            lane=receipt.lane,
-            attempt=None if count is None else int(count),
-            raw=message,
-        )
+        return to_message(raw_event, broker_payload)
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """Delete, dead-letter or release each message (see the module docstring).
@@ -306,11 +181,11 @@ class SqsStreamProducer(SharedStreamProducer):
         SQS redelivery. A failing call (network, permissions, a missing DLQ)
         raises. Cancellation leaves the rest of the batch to SQS redelivery.
         """
-        delete: list[_Receipt] = []
-        release: list[_Receipt] = []
-        dead: list[tuple[_Receipt, AdvanceOutcome]] = []
+        delete: list[Receipt] = []
+        release: list[Receipt] = []
+        dead: list[tuple[Receipt, AdvanceOutcome]] = []
         for item in batch:
-            receipt: _Receipt = item.broker_payload
+            receipt: Receipt = item.broker_payload
             outcome = item.outcome
             self._outstanding.pop(receipt.handle, None)
             if outcome.is_clean:
@@ -320,7 +195,8 @@ class SqsStreamProducer(SharedStreamProducer):
             else:
                 release.append(receipt)
         if dead:
-            sent, unsent = await self._dead_letter(dead)
+            assert self._dlq_url is not None  # dead-lettered only with a DLQ
+            sent, unsent = await dead_letter(self._client, self._dlq_url, dead)
             delete.extend(sent)
             release.extend(unsent)
         await self._deletes.submit(delete)
@@ -358,7 +234,7 @@ class SqsStreamProducer(SharedStreamProducer):
             get_session().create_client("sqs", **self._client_args)
         )
 
-    async def _receive(self) -> list[tuple[dict[str, Any], _Receipt]]:
+    async def _receive(self) -> list[tuple[dict[str, Any], Receipt]]:
         sent_at = asyncio.get_running_loop().time()
         response = await self._client.receive_message(
             QueueUrl=self._queue_url,
@@ -371,7 +247,7 @@ class SqsStreamProducer(SharedStreamProducer):
         received = []
         for message in response.get("Messages", ()):
             lane = message["Attributes"]["MessageGroupId"] if self._fifo else message["MessageId"]
-            receipt = _Receipt(message, lane, sent_at + self._visibility)
+            receipt = Receipt(message, lane, sent_at + self._visibility)
             # Registered here, not at yield: if polling stops first, aclose() still
             # finds the message and releases it.
             self._outstanding[receipt.handle] = receipt
@@ -386,21 +262,21 @@ class SqsStreamProducer(SharedStreamProducer):
             horizon = loop.time() + self._visibility / 2
             due = [r for r in self._outstanding.values() if r.deadline <= horizon]
             try:
-                for chunk in _chunks(due):
+                for chunk in chunks(due):
                     await self._extend(chunk)
             except Exception:
                 # A failed call must not stop the heartbeat; the next tick retries,
                 # and at worst the message is redelivered (a duplicate, no loss).
                 logger.warning("SQS visibility heartbeat call failed", exc_info=True)
 
-    async def _extend(self, chunk: Sequence[_Receipt]) -> None:
+    async def _extend(self, chunk: Sequence[Receipt]) -> None:
         async with self._visibility_lock:
             # advance() may have taken some of them while we waited for the lock.
             live = [r for r in chunk if r.handle in self._outstanding]
             if not live:
                 return
             sent_at = asyncio.get_running_loop().time()
-            failures = await self._submit(
+            failures = await submit(
                 self._client.change_message_visibility_batch,
                 self._queue_url,
                 live,
@@ -416,12 +292,12 @@ class SqsStreamProducer(SharedStreamProducer):
             logger.warning(
                 "SQS could not extend visibility of message ids %s; "
                 "they may be redelivered while still being handled",
-                _ids(lost),
+                failed_ids(lost),
             )
 
-    async def _delete(self, receipts: Sequence[_Receipt]) -> None:
-        for chunk in _chunks(receipts):
-            failures = await self._submit(
+    async def _delete(self, receipts: Sequence[Receipt]) -> None:
+        for chunk in chunks(receipts):
+            failures = await submit(
                 self._client.delete_message_batch,
                 self._queue_url,
                 chunk,
@@ -430,13 +306,13 @@ class SqsStreamProducer(SharedStreamProducer):
             if failures:
                 logger.warning(
                     "SQS delete failed for message ids %s; SQS will redeliver them",
-                    _ids(failures),
+                    failed_ids(failures),
                 )
 
-    async def _release(self, receipts: Sequence[_Receipt]) -> None:
-        for chunk in _chunks(receipts):
+    async def _release(self, receipts: Sequence[Receipt]) -> None:
+        for chunk in chunks(receipts):
             async with self._visibility_lock:
-                failures = await self._submit(
+                failures = await submit(
                     self._client.change_message_visibility_batch,
                     self._queue_url,
                     chunk,
@@ -446,85 +322,5 @@ class SqsStreamProducer(SharedStreamProducer):
                 logger.warning(
                     "SQS could not make message ids %s visible; "
                     "they return once their visibility timeout lapses",
-                    _ids(failures),
+                    failed_ids(failures),
                 )
-
-    async def _dead_letter(
-        self, dead: Sequence[tuple[_Receipt, AdvanceOutcome]]
-    ) -> tuple[list[_Receipt], list[_Receipt]]:
-        """Send rejected messages to the DLQ; return (sent, not sent)."""
-        dlq_url = self._dlq_url
-        assert dlq_url is not None  # advance() dead-letters only with a DLQ
-        reasons = {
-            id(receipt): _with_reasons(
-                f"rejected by {o.rejected} of {o.acked + o.rejected} subscribers", o
-            )
-            for receipt, o in dead
-        }
-        receipts = [receipt for receipt, _ in dead]
-        unsent: list[_Receipt] = []
-        for chunk in _chunks(receipts):
-            failures = await self._submit(
-                self._client.send_message_batch,
-                dlq_url,
-                chunk,
-                lambda r: self._dead_letter_entry(r, reasons[id(r)]),
-            )
-            if failures:
-                logger.error(
-                    "SQS could not send message ids %s to the dead-letter queue; "
-                    "releasing them for redelivery",
-                    _ids(failures),
-                )
-                unsent.extend(r for r, _ in failures)
-        failed = {id(r) for r in unsent}
-        return [r for r in receipts if id(r) not in failed], unsent
-
-    def _dead_letter_entry(self, receipt: _Receipt, reason: str) -> dict[str, Any]:
-        message = receipt.message
-        attributes = {
-            name: {
-                key: value[key]
-                for key in ("DataType", "StringValue", "BinaryValue")
-                if key in value
-            }
-            for name, value in message.get("MessageAttributes", {}).items()
-        }
-        attributes[REASON_ATTRIBUTE] = {"DataType": "String", "StringValue": reason}
-        entry: dict[str, Any] = {"MessageBody": message["Body"], "MessageAttributes": attributes}
-        if str(self._dlq_url).endswith(".fifo"):
-            group = message.get("Attributes", {}).get("MessageGroupId", receipt.message_id)
-            entry["MessageGroupId"] = group
-            # A redelivered message that is rejected again is not dead-lettered twice.
-            entry["MessageDeduplicationId"] = receipt.message_id
-        return entry
-
-    async def _submit(
-        self,
-        call: _BatchCall,
-        queue_url: str,
-        chunk: Sequence[_Receipt],
-        entry: Callable[[_Receipt], dict[str, Any]],
-    ) -> list[tuple[_Receipt, str]]:
-        """Run one batch call (at most ten entries), retrying failed entries.
-
-        Returns the entries that still failed, with their error codes. Stale
-        receipt handles are not retried. A failing call raises.
-        """
-        pending = {str(index): receipt for index, receipt in enumerate(chunk)}
-        failures: list[tuple[_Receipt, str]] = []
-        for attempt in range(_ATTEMPTS):
-            entries = [{"Id": key, **entry(r)} for key, r in pending.items()]
-            response = await call(QueueUrl=queue_url, Entries=entries)
-            errors = {e["Id"]: str(e.get("Code", "?")) for e in response.get("Failed", ())}
-            retry = {}
-            for key, code in errors.items():
-                if code in _STALE_CODES or attempt == _ATTEMPTS - 1:
-                    failures.append((pending[key], code))
-                else:
-                    retry[key] = pending[key]
-            if not retry:
-                break
-            pending = retry
-            await asyncio.sleep(_RETRY_DELAY * 2**attempt)
-        return failures
