@@ -571,16 +571,18 @@ class Group:
         queue_size = self._queue_size
         done = 0
         while done < total:
+            if done:
+                # First, so the checks below hold when the run is broadcast: a member
+                # may leave (a rostered group must not broadcast then) while we yield.
+                await asyncio.sleep(0)
+                if self.terminal is not None:
+                    return None
             if blocking and queue_size <= self.log.head - self._min_cursor_hint:
                 await self._make_room()
                 if self.terminal is not None:
                     return None
             if self.roster is not None and not await self._until_healthy():
                 return None
-            if done:
-                await asyncio.sleep(0)
-                if self.terminal is not None:
-                    return None
             count = min(total - done, tracker.max_outstanding - tracker.outstanding, fairness)
             if blocking:
                 count = min(count, queue_size - (self.log.head - self._min_cursor_hint))

@@ -319,7 +319,7 @@ class Subscription:
         binding not resolved yet) as ``how`` at once, open window or not, left or
         not. Returns how many other numbers bound to it went stale, or ``None`` if
         it was no longer this subscriber's to resolve."""
-        if type(target) is BatchBinding:
+        if isinstance(target, BatchBinding):
             if target not in self._batches:
                 return None
             del self._batches[target]
@@ -327,7 +327,6 @@ class Subscription:
                 self._resolve(owed, how, reason)
             self._discard_if_departed()
             return 0
-        assert type(target) is not BatchBinding
         event = target
         count = self._outputs.pop(event, None)
         if count is None:
@@ -383,14 +382,13 @@ class Subscription:
 
     def _output_confirmed(self, target: Event | BatchBinding) -> bool:
         """Caller: the output registry. Returns False if the number was stale."""
-        if type(target) is BatchBinding:
+        if isinstance(target, BatchBinding):
             if target not in self._batches:
                 return False
             del self._batches[target]
             self._group.resolve_acked_all(target.remaining(), self)
             self._discard_if_departed()
             return True
-        assert type(target) is not BatchBinding
         event = target
         outputs = self._outputs
         count = outputs.get(event)

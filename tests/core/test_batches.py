@@ -319,3 +319,31 @@ async def test_a_batch_overflows_a_dynamic_subscriber_at_the_event_that_overflow
             assert "position 2" in str(slow._failure)  # the third event overflowed
         await producer.wait_advanced(5)
     assert outcomes(producer)[0] == AdvanceOutcome(0, 1, 0)
+
+
+async def test_a_member_leaving_between_runs_of_a_batch_pauses_the_rest_of_it() -> None:
+    """The poll yields to the loop between runs of a batch; a roster member that
+    leaves then must stop the broadcast (the group pauses), not slip out of the
+    snapshot of the rest of the batch."""
+    producer = BatchingProducer()
+    producer.feed_item(batch_of(0, 6))
+    roster = {"a", "b"}
+    async with SharedStreamManager(subscriber_queue_size=8) as manager:  # runs of 2
+        a = manager.subscribe("k", "a", producer=lambda: producer, roster=roster)
+        b = manager.subscribe("k", "b", producer=lambda: producer, roster=roster)
+
+        async def take_one_and_leave() -> Any:
+            async with b:
+                return await anext(b)
+
+        leaving = asyncio.create_task(take_one_and_leave())
+        async with a:
+            assert await leaving == "e0"
+            await turn()
+            group = a._group
+            assert group.terminal is None and group.paused
+            assert group.log.head == 2  # the first run only
+            b = manager.subscribe("k", "b", producer=lambda: producer, roster=roster)
+            async with b:
+                assert [await anext(a) for _ in range(6)] == [f"e{n}" for n in range(6)]
+                assert [await anext(b) for _ in range(4)] == [f"e{n}" for n in range(2, 6)]

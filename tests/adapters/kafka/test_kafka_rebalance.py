@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from ackgate import SharedStreamManager, Subscription
+from ackgate import EventBatch, SharedStreamManager, Subscription
 from ackgate_kafka import KafkaStreamProducer
 
 from .kafka_testlib import KafkaTestCluster
@@ -29,8 +29,8 @@ class CheckedProducer(KafkaStreamProducer):
         self.revokes = 0
         self._in_revoke = False
 
-    async def open_stream(self) -> AsyncGenerator[tuple[Any, Any], None]:
-        stream = super().open_stream()
+    async def open_stream_batches(self) -> AsyncGenerator[EventBatch, None]:
+        stream = super().open_stream_batches()  # what the group reads
         try:
             first = await anext(stream)
             self._wrap_commit()

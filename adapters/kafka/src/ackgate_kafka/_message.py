@@ -46,6 +46,9 @@ class RecordMessage(Message):
     """
 
     __slots__ = ("_headers", "_lane", "_record")
+    _headers: Mapping[str, bytes]
+    _lane: Hashable
+    _record: Any
 
     def __new__(cls, **fields: Any) -> Message:  # type: ignore[misc]
         # Only ``dataclasses.replace`` and friends call the class: they get a plain
@@ -55,17 +58,17 @@ class RecordMessage(Message):
     def __reduce__(self) -> tuple[Any, ...]:
         return _plain, ({name: getattr(self, name) for name in _FIELDS},)
 
-    @property  # type: ignore[override]
+    @property
     def body(self) -> bytes:
         value: bytes | None = self._record.value
         return b"" if value is None else value
 
-    @property  # type: ignore[override]
+    @property
     def key(self) -> bytes | None:
         key: bytes | None = self._record.key
         return key
 
-    @property  # type: ignore[override]
+    @property
     def headers(self) -> Mapping[str, bytes]:
         try:
             headers: Mapping[str, bytes] = self._headers
@@ -75,29 +78,31 @@ class RecordMessage(Message):
             _set_headers(self, headers)
         return headers
 
-    @property  # type: ignore[override]
+    @property
     def id(self) -> str:
         record = self._record
         return f"{record.topic}/{record.partition}/{record.offset}"
 
-    @property  # type: ignore[override]
+    @property
     def lane(self) -> Hashable:
         lane: Hashable = self._lane
         return lane
 
-    @property  # type: ignore[override]
+    @property
     def attempt(self) -> int | None:
         return None
 
-    @property  # type: ignore[override]
+    @property
     def raw(self) -> Any:
         return self._record
 
 
 _FIELDS = ("body", "id", "key", "headers", "lane", "attempt", "raw")
-_set_record = RecordMessage._record.__set__  # type: ignore[attr-defined]
-_set_lane = RecordMessage._lane.__set__  # type: ignore[attr-defined]
-_set_headers = RecordMessage._headers.__set__  # type: ignore[attr-defined]
+# The slots' own setters: a frozen dataclass refuses ``setattr``, and these are
+# the cheapest way past it (two calls per record).
+_set_record = RecordMessage.__dict__["_record"].__set__
+_set_lane = RecordMessage.__dict__["_lane"].__set__
+_set_headers = RecordMessage.__dict__["_headers"].__set__
 
 
 def wrap(record: Any, lane: Hashable) -> RecordMessage:
