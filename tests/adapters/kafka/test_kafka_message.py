@@ -8,8 +8,8 @@ import dataclasses
 import pickle
 from types import SimpleNamespace
 
-from aiokafka import AIOKafkaProducer
 import pytest
+from aiokafka import AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
 from ackgate import EventBatch, Message
