@@ -16,6 +16,7 @@ are swept at once, so the registry never keeps a stopped group alive.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -25,6 +26,10 @@ if TYPE_CHECKING:
     from ackgate._subscription import Subscription
 
 _SWEEP_MINIMUM = 1024
+
+
+def _position(event: Event) -> int:
+    return event.position
 
 
 class BoundBatch(NamedTuple):
@@ -60,8 +65,14 @@ class BatchBinding:
         return [event for event in self.events if event not in apart]
 
     def owes(self, event: Event) -> bool:
-        return any(e is event for e in self.events) and (
-            self.apart is None or event not in self.apart
+        """Whether the binding still resolves ``event`` (O(log n): ``events`` are in
+        stream order, so by increasing position)."""
+        events = self.events
+        index = bisect_left(events, event.position, key=_position)
+        return (
+            index < len(events)
+            and events[index] is event
+            and (self.apart is None or event not in self.apart)
         )
 
 

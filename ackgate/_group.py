@@ -43,7 +43,7 @@ logger = logging.getLogger("ackgate.group")
 #: Seconds a rostered group may stay paused after a clean leave before a WARNING.
 _CLEAN_LEAVE_GRACE = 1.0
 
-#: How many acked event ids a group remembers to skip redelivered copies (SPEC §13).
+#: How many event ids a group remembers to skip redelivered copies (SPEC §13).
 _REMEMBERED_EVENT_IDS = 65_536
 
 #: How a subscriber resolves an event other than by acking it (``resolve_acked``).
@@ -260,8 +260,9 @@ class Group:
     def resolve_acked(self, event: Event, sub: Subscription) -> None:
         """``sub``, in ``event``'s snapshot, moved past it with its outputs confirmed."""
         assert event.pending > 0, "resolved more often than its snapshot allows"
-        if event.event_id is not None and sub._bit is not None:
-            self.redelivery.remember(event.event_id, sub._bit)
+        cell = event.acked_cell
+        if cell is not None and sub._bit is not None:
+            cell[0] |= 1 << sub._bit
         event.pending -= 1
         if event.pending == 0:
             self._resolved(event)
@@ -270,11 +271,11 @@ class Group:
         """:meth:`resolve_acked` for each of ``events`` (a batch binding, SPEC §8):
         the same effect, one loop instead of one call per event."""
         bit = sub._bit
-        if bit is not None:
-            ids = [event.event_id for event in events if event.event_id is not None]
-            if ids:
-                self.redelivery.remember_all(ids, bit)
+        flag = 0 if bit is None else 1 << bit
         for event in events:
+            cell = event.acked_cell
+            if cell is not None:
+                cell[0] |= flag
             pending = event.pending - 1
             assert pending >= 0, "resolved more often than its snapshot allows"
             event.pending = pending
@@ -626,16 +627,16 @@ class Group:
         log = self.log
         entries = log.entries
         lane_events = lane.events
-        acked_by = self.redelivery.acked_by
+        cells = (
+            None if event_ids is None else self.redelivery.cells(event_ids[start:stop])
+        )
         queue_size = self._queue_size
         tracker.outstanding += stop - start
         for index in range(start, stop):
-            event_id = None if event_ids is None else event_ids[index]
-            event = Event(log.head, raws[index], payloads[index], lane, snapshot, now, event_id)
-            if event_id is not None and snapshot and acked_by:
-                acked_before = acked_by.get(event_id)
-                if acked_before:
-                    self._carry_over(event, acked_before)
+            cell = None if cells is None else cells[index - start]
+            event = Event(log.head, raws[index], payloads[index], lane, snapshot, now, cell)
+            if cell is not None and cell[0] and snapshot:
+                self._carry_over(event, cell[0])
             lane_events.append(event)
             if event.pending:
                 unresolved.append(event)
@@ -680,11 +681,10 @@ class Group:
                 self.expire()  # before the snapshot: the expired are not in it
             snapshot = len(self.active)
             assert self.roster is None or snapshot == len(self.roster), "snapshot is the roster"
-            event = Event(log.head, raw, payload, lane, snapshot, now, event_id)
-            if event_id is not None and snapshot:
-                acked_before = self.redelivery.acked_mask(event_id)
-                if acked_before:
-                    self._carry_over(event, acked_before)
+            cell = None if event_id is None else self.redelivery.cells((event_id,))[0]
+            event = Event(log.head, raw, payload, lane, snapshot, now, cell)
+            if cell is not None and cell[0] and snapshot:
+                self._carry_over(event, cell[0])
             lane.events.append(event)
             tracker.outstanding += 1
             if event.pending:

@@ -28,8 +28,8 @@ class Event:
     """
 
     __slots__ = (
+        "acked_cell",
         "broadcast_at",
-        "event_id",
         "failed",
         "lane",
         "payload",
@@ -53,7 +53,7 @@ class Event:
         lane: Lane | None,
         snapshot: int,
         broadcast_at: float,
-        event_id: Hashable = None,
+        acked_cell: list[int] | None = None,
     ) -> None:
         self.position = position
         self.raw = raw
@@ -65,10 +65,11 @@ class Event:
         #: Subscribers in the snapshot that have not been handed the event yet.
         self.undelivered = snapshot
         self.broadcast_at = broadcast_at
-        #: The broker's identity of the event (SPEC §13), ``None`` when it has none.
-        self.event_id = event_id
+        #: The redelivery memory's cell of the event's id (SPEC §13): the bits of the
+        #: subscribers that acked a copy of it. ``None`` when the event has no id.
+        self.acked_cell = acked_cell
         #: Bits of the subscribers counted acked at broadcast because they acked an
-        #: earlier copy of ``event_id``: they pass the event without being handed it.
+        #: earlier copy of the event's id: they pass the event without being handed it.
         self.skipped = 0
         self.failed = 0
         self.rejected = 0

@@ -31,10 +31,10 @@ def measure(make_id: Callable[[int], Hashable], ids: int) -> float:
     memory = RedeliveryMemory(capacity=ids)
     bits = [memory.bit(name) for name in ("indexer", "auditor", "notifier")]
     for n in range(ids):
-        event_id = make_id(n)
+        [cell] = memory.cells([make_id(n)])
         for bit in bits:
             assert bit is not None
-            memory.remember(event_id, bit)
+            cell[0] |= 1 << bit  # what each subscriber's ack does
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     assert len(memory) == ids

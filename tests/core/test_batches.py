@@ -347,3 +347,25 @@ async def test_a_member_leaving_between_runs_of_a_batch_pauses_the_rest_of_it() 
             async with b:
                 assert [await anext(a) for _ in range(6)] == [f"e{n}" for n in range(6)]
                 assert [await anext(b) for _ in range(4)] == [f"e{n}" for n in range(2, 6)]
+
+
+async def test_expiry_fails_only_the_batches_that_owe_the_event(
+    manager: SharedStreamManager, clock: FakeClock
+) -> None:
+    producer = fed(6)
+    async with (
+        manager.subscribe("k", "done", producer=lambda: producer) as done,
+        manager.subscribe("k", "late", producer=lambda: producer) as late,
+    ):
+        early = await done.pull_batch(3)
+        later = await done.pull_batch(3)
+        manager.confirm_persisted([early.seq, later.seq])
+        held = await late.pull_batch(2)  # e0, e1: never confirmed
+        clock.advance(61.0)
+        await producer.wait_advanced(6)
+        with pytest.raises(AckTimeout):
+            await anext(late)
+        assert done._failure is None
+    result = outcomes(producer)
+    assert result[0] == result[1] == AdvanceOutcome(1, 1, 0)  # late owed them
+    assert held.seq not in manager._bindings._by_seq

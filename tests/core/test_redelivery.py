@@ -195,10 +195,10 @@ def test_memory_never_reuses_a_subscriber_bit() -> None:
     assert bits == list(range(_MAX_SUBSCRIBER_IDS))
     assert memory.bit("one too many") is None
     assert memory.bit(0) == 0
-    for n in range(10):
-        memory.remember(n, 3)
-    assert len(memory) == 4
-    assert memory.acked_mask(9) == 1 << 3 and memory.acked_mask(0) == 0
+    for cell in memory.cells(range(10)):
+        cell[0] |= 1 << 3
+    assert len(memory) == 4  # the oldest forgotten
+    assert memory.cells([9])[0] == [1 << 3] and memory.cells([0])[0] == [0]
 
 
 async def test_passing_skipped_copies_makes_room_for_a_blocked_poll(
