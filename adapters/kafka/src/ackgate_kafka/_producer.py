@@ -118,6 +118,9 @@ _SHARED_CONNECTION_OPTIONS = frozenset(
 )
 
 _POLL_TIMEOUT_MS = 1000
+# Records per EventBatch: big enough to amortize the group's per-batch step, small
+# enough that a hold or revoke stops a fetch's stale rest between batches.
+_BATCH_RECORDS = 256
 _DEFAULT_MAX_POLL_INTERVAL_MS = 300_000  # aiokafka's default
 
 
@@ -317,22 +320,31 @@ class KafkaStreamProducer(SharedStreamProducer):
             await batches.aclose()
 
     async def open_stream_batches(self) -> AsyncGenerator[EventBatch, None]:
-        """:meth:`open_stream` by partition batch: one :class:`ackgate.EventBatch` per
-        partition of each fetch (its records, their deliveries, the partition as
-        lane and ``(topic, partition, offset)`` ids). Errors and cancellation as
-        in :meth:`open_stream`."""
+        """:meth:`open_stream` by partition batch: :class:`ackgate.EventBatch` es of up
+        to 256 records of one partition of a fetch (the records, their deliveries,
+        the partition as lane and ``(topic, partition, offset)`` ids). Between
+        batches it stops, as :meth:`open_stream` does between records, once the
+        partition was held or revoked meanwhile, so a rebalance waits for at most
+        one stale batch per partition. Errors and cancellation as in
+        :meth:`open_stream`."""
         batches = self._partition_batches()
         new_delivery = tuple.__new__
         try:
-            async for tp, part, epoch, records in batches:
-                part.yielded_next = records[-1].offset + 1
+            async for tp, part, epoch, fetched in batches:
                 topic, partition = tp.topic, tp.partition
-                yield EventBatch(
-                    records,
-                    [new_delivery(_Delivery, (tp, record, epoch)) for record in records],
-                    tp,
-                    [(topic, partition, record.offset) for record in records],
-                )
+                for start in range(0, len(fetched), _BATCH_RECORDS):
+                    # As in open_stream, per chunk: a hold or revoke while we were
+                    # suspended at a yield makes the rest of this fetch stale.
+                    if part.epoch != epoch or part.draining:
+                        break
+                    records = fetched[start : start + _BATCH_RECORDS]
+                    part.yielded_next = records[-1].offset + 1
+                    yield EventBatch(
+                        records,
+                        [new_delivery(_Delivery, (tp, record, epoch)) for record in records],
+                        tp,
+                        [(topic, partition, record.offset) for record in records],
+                    )
         finally:
             await batches.aclose()
 
