@@ -18,7 +18,12 @@ when it is called. Invariants (SPEC §2, §3, §6):
   pulls an event only while below it, and is never held back while below it;
 * §11: moving the fake clock expires what fell due, with no pull or broadcast;
 * liveness: when a group stops, every event resolved before the stop whose lane
-  predecessors were resolved too has been advanced.
+  predecessors were resolved too has been advanced; and from whatever state a rule
+  reaches (``everyone_keeps_pulling``), once the advances are let through, every
+  output is confirmed and every active subscriber keeps pulling, the group is
+  quiescent within a bounded number of pulls: what the producer yields is broadcast
+  and handed out, and every event broadcast is advanced (or an advance raised, and
+  the group ended with ``AdvanceFailed``).
 
 ``ACKGATE_HYPOTHESIS_EXAMPLES`` sets the number of examples (default 2000).
 """
@@ -475,9 +480,11 @@ class GroupMachine(RuleBasedStateMachine):
         candidates = [
             m for m in self.subs if m.state != "active" or m.queue or m.gen.terminal is not None
         ]
-        if not candidates:
-            return
-        msub = data.draw(st.sampled_from(candidates))
+        if candidates:
+            self.pull_one(data.draw(st.sampled_from(candidates)))
+
+    def pull_one(self, msub: MSub) -> None:
+        """A pull the model can answer at once: it hands out or raises."""
         gen = msub.gen
         expected: Any
         if msub.state == "left":
@@ -518,8 +525,11 @@ class GroupMachine(RuleBasedStateMachine):
 
     @rule(data=st.data(), garbage=st.lists(st.sampled_from([None, -1, 10**9, "7", 2.0])))
     def confirm(self, data: st.DataObject, garbage: list[Any]) -> None:
-        assert self.manager is not None
         chosen = data.draw(st.lists(st.sampled_from(self.seqs), max_size=4)) if self.seqs else []
+        self.confirm_seqs(chosen, garbage)
+
+    def confirm_seqs(self, chosen: list[Any], garbage: Sequence[Any] = ()) -> None:
+        assert self.manager is not None
         for seq in chosen:
             found = self.binding_of.pop(seq, None)
             if found is None:
@@ -619,6 +629,122 @@ class GroupMachine(RuleBasedStateMachine):
         else:
             self.gate.clear()
         self.settle()
+
+    # -- liveness ------------------------------------------------------------------
+
+    @precondition(lambda self: self.gen is not None and self.gen.terminal is None)
+    @rule(
+        lanes=st.lists(st.integers(0, 3), min_size=1, max_size=QUEUE_SIZE),
+        slow_advances=st.booleans(),
+    )
+    def everyone_keeps_pulling(self, lanes: list[int], slow_advances: bool) -> None:
+        """From here, every bound output is confirmed, the advance gate opens, and each
+        active subscriber keeps pulling: the stream must move.
+
+        First what is already there is handed out and advanced (a subscriber may
+        still overflow on a burst the poll pulls as advances make room: it is
+        force-failed, as documented). Then the producer yields new events, one per
+        ``lanes``, and each must be handed to every active subscriber and advanced as
+        acked by each; with ``slow_advances``, each subscriber first pulls all of
+        them while advances wait at the gate, so events resolve while their lane's
+        advance is in flight. Each time within a bounded number of turns
+        (``drive``). Or an advance raised (``next_advance_raises``) and the group
+        ended with ``AdvanceFailed``.
+        """
+        gen = self.gen
+        assert gen is not None
+        self.confirm_seqs(list(self.binding_of))
+        self.advance_gate(open_=True)
+        if not self.drive(gen, "what was there before"):
+            return
+        new = list(range(self.next_event, self.next_event + len(lanes)))
+        for lane in lanes:  # no more than a queue holds: nobody overflows
+            if self.ended_by_advance(gen):  # an event broadcast to nobody was advanced
+                return
+            self.producer_yields(lane)
+        if slow_advances:
+            self.advance_gate(open_=False)
+            for msub in self.active_members(gen):
+                while msub.queue and gen.terminal is None:
+                    self.pull_one(msub)
+            self.advance_gate(open_=True)
+        if not self.drive(gen, f"new events {new}"):
+            return
+        for event_id in new:
+            event = gen.events[event_id]
+            assert set(event.resolved.values()) <= {"acked"}, f"a new event: {event}"
+
+    def drive(self, gen: Generation, what: str) -> bool:
+        """Each active subscriber pulls, turn after turn, until ``gen`` is quiescent:
+        nothing left at the producer, every event broadcast advanced. Returns False
+        if the group ended instead (an advance raised)."""
+        # Per event: a turn to hand it out and one to close the windows on it (which
+        # may let the poll broadcast the next). Then what is queued already.
+        turns = 2 * len(gen.backlog) + QUEUE_SIZE + 2
+        for _ in range(turns):
+            if gen.terminal is not None or self.quiescent(gen):
+                break
+            for msub in self.active_members(gen):
+                if msub.queue:
+                    self.pull_one(msub)
+                elif msub.current is not None:
+                    self.pull_at_the_head(msub)
+        if self.ended_by_advance(gen):
+            return False
+        assert self.quiescent(gen), self.stall(gen, what, turns)
+        return True
+
+    @staticmethod
+    def active_members(gen: Generation) -> list[MSub]:
+        """The members that pull; a force-failed one owes nothing, is in no snapshot."""
+        return [msub for msub in gen.members.values() if msub.state == "active"]
+
+    def ended_by_advance(self, gen: Generation) -> bool:
+        """Whether ``gen`` ended, which must be because an advance raised: nothing else
+        (leaving, the upstream ending) happens while everyone keeps pulling."""
+        if gen.terminal is None:
+            return False
+        assert gen.terminal is AdvanceFailed and gen.advance_failed, gen.terminal
+        return True
+
+    def pull_at_the_head(self, msub: MSub) -> None:
+        """A pull with nothing queued: it closes the window and waits, and is cancelled
+        unless an event it may take is broadcast meanwhile."""
+        self.check_timeouts(msub.gen)
+        self.close_window(msub)
+        pulled = asyncio.ensure_future(anext(msub.sub), loop=self.loop)
+        self.settle()
+        if not pulled.done():
+            pulled.cancel()  # cancelled while waiting: hands out nothing
+            self.settle()
+            return
+        error = pulled.exception()
+        if error is not None:  # the group ended, or a burst overflowed it, meanwhile
+            expected_error = msub.failure or msub.gen.terminal
+            assert type(error) is expected_error, (error, expected_error)
+            return
+        assert msub.queue, f"{msub.token}: a pull with nothing queued returned {pulled!r}"
+        expected = msub.queue.popleft()
+        msub.current = expected
+        msub.current_resolved = False
+        assert pulled.result() == f"raw-{expected}", (pulled, expected)
+
+    def quiescent(self, gen: Generation) -> bool:
+        return not gen.backlog and all(event.advanced for event in gen.events.values())
+
+    def stall(self, gen: Generation, what: str, turns: int) -> str:
+        stuck = []
+        if gen.backlog:
+            stuck.append(f"the poll never broadcast events {[e for e, _ in gen.backlog]}")
+        unadvanced = [e for e in gen.events.values() if not e.advanced]
+        if unadvanced:
+            stuck.append(f"{len(unadvanced)} broadcast events were never advanced: {unadvanced}")
+        members = {m.token: (m.state, m.current, list(m.queue)) for m in gen.members.values()}
+        return (
+            f"no progress after {turns} turns of every active subscriber pulling ({what}): "
+            + "; ".join(stuck)
+            + f". Members (state, on, queued): {members}"
+        )
 
     @invariant()
     def the_producer_saw_no_violation(self) -> None:

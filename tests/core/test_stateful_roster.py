@@ -14,6 +14,14 @@ moves past an event unless every declared handler acked or rejected it. Concrete
   the number of broadcast events does not grow;
 * ``GroupStats.missing`` names at least every member that is not attached.
 
+And *liveness*, from whatever state a rule reaches (``everyone_keeps_pulling``):
+once every member is attached and healthy and all of them keep pulling (and confirm
+what they bound), the group makes progress within a bounded number of pulls: the
+poll broadcasts every copy the broker delivers, each member is handed the new
+events, and every event broadcast before is advanced. It is driven twice, the
+second time with redelivered copies every member acked (§13: handed to nobody), the
+case where a poll waiting for room was once never woken.
+
 ``ACKGATE_HYPOTHESIS_EXAMPLES`` sets the number of examples (default 2000; this
 machine runs a quarter of them).
 """
@@ -22,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Hashable, Sequence
+from collections.abc import AsyncIterator, Hashable, Sequence
 from typing import Any
 
 from hypothesis import HealthCheck, settings
@@ -41,6 +49,10 @@ EXAMPLES = max(1, int(os.environ.get("ACKGATE_HYPOTHESIS_EXAMPLES", "2000")) // 
 ROSTER = ("indexer", "auditor", "notifier")
 ACK_TIMEOUT = 100.0
 IDS = 4  # event ids are drawn from a small pool, so copies (redeliveries) are common
+QUEUE_SIZE = 2
+#: Pulls per member, beyond one per copy waiting at the producer, in which a group
+#: whose members all keep pulling must reach quiescence (see ``everyone_keeps_pulling``).
+SPARE_TURNS = 2 * QUEUE_SIZE + 4
 
 
 class RedeliveringProducer(ScriptedProducer):
@@ -49,6 +61,13 @@ class RedeliveringProducer(ScriptedProducer):
     def __init__(self, machine: RosterMachine) -> None:
         super().__init__(lane=lambda payload: payload[0] % 2)
         self.machine = machine
+        #: Copies the stream yielded to a poll: the rest still waits at the "broker".
+        self.yielded = 0
+
+    async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
+        async for item in super().open_stream():
+            self.yielded += 1
+            yield item
 
     def get_event_id(self, broker_payload: Any) -> Hashable | None:
         return broker_payload[0]
@@ -75,6 +94,10 @@ class RosterMachine(RuleBasedStateMachine):
         #: (member, copy) pairs the member rejected.
         self.rejected: set[tuple[str, tuple[int, int]]] = set()
         self.copies = 0
+        #: Event ids never delivered before: ``IDS``, ``IDS + 1``, ...
+        self.fresh_ids = IDS
+        #: Per member: every copy it was handed, whatever its subscription.
+        self.handed: dict[str, set[tuple[int, int]]] = {name: set() for name in ROSTER}
         self.seqs: list[int] = []
         self.paused_broadcasts: int | None = None
         #: Members whose last pull raised (force-failed): a supervisor re-subscribes them.
@@ -143,7 +166,7 @@ class RosterMachine(RuleBasedStateMachine):
     def start(self) -> None:
         async def make() -> SharedStreamManager:
             return SharedStreamManager(
-                ack_timeout=ACK_TIMEOUT, subscriber_queue_size=2, clock=self.clock
+                ack_timeout=ACK_TIMEOUT, subscriber_queue_size=QUEUE_SIZE, clock=self.clock
             )
 
         self.manager = self.run(make())
@@ -166,10 +189,14 @@ class RosterMachine(RuleBasedStateMachine):
 
     @rule(event_id=st.integers(0, IDS - 1))
     def broker_delivers(self, event_id: int) -> None:
+        self.deliver(event_id)
+
+    def deliver(self, event_id: int) -> tuple[int, int]:
         self.copies += 1
         copy = (event_id, self.copies)
         self.producer.feed(copy, copy)
         self.settle()
+        return copy
 
     @rule(name=st.sampled_from(ROSTER))
     def pull(self, name: str) -> None:
@@ -190,6 +217,7 @@ class RosterMachine(RuleBasedStateMachine):
             self.failed.add(name)
             return
         self.on[name] = copy
+        self.handed[name].add(copy)
 
     @rule()
     def supervisor_resubscribes_the_failed(self) -> None:
@@ -273,6 +301,117 @@ class RosterMachine(RuleBasedStateMachine):
     def clock_advances(self, seconds: float) -> None:
         self.clock.advance(seconds)
         self.settle()
+
+    # -- liveness ------------------------------------------------------------------
+
+    @rule(redelivered=st.lists(st.integers(0, IDS - 1), max_size=3))
+    def everyone_keeps_pulling(self, redelivered: list[int]) -> None:
+        """From here, with every member attached, healthy and pulling, the stream moves.
+
+        First the broker delivers ``redelivered`` copies and one new event; then two
+        copies of that event (every member acked it, so both are handed to nobody
+        and fill the queues) and another new one, which a poll waiting for room must
+        still broadcast. Each time the group must be quiescent within a bounded
+        number of pulls (``drive``), every copy delivered must be advanced as acked
+        by the whole roster, and each member handed the new event.
+        """
+        self.attach_everyone()
+        assert self.manager is not None
+        self.run(self.confirm_all(self.manager))
+        fresh = self.fresh_id()
+        first = [self.deliver(event_id) for event_id in redelivered]
+        new = self.deliver(fresh)
+        self.drive([*first, new], f"copies {first} and a new event")
+        again = [self.deliver(fresh), self.deliver(fresh)]
+        newer = self.deliver(self.fresh_id())
+        self.drive([*again, newer], f"redelivered copies {again} that every member acked")
+        handed = {name: sorted(self.handed[name] & set(again)) for name in ROSTER}
+        assert not any(handed.values()), f"§13: acked copies handed again: {handed}"
+
+    def fresh_id(self) -> int:
+        self.fresh_ids += 1
+        return self.fresh_ids - 1
+
+    def attach_everyone(self) -> None:
+        """A supervisor's part: re-subscribe the members that failed, and the missing."""
+        self.supervisor_resubscribes_the_failed()
+        for name in ROSTER:
+            self.subscribe(name)
+
+    async def confirm_all(self, manager: SharedStreamManager) -> None:
+        manager.confirm_persisted(self.seqs)  # stale numbers are ignored
+
+    def drive(self, delivered: list[tuple[int, int]], what: str) -> None:
+        """Every member pulls, turn after turn, until the group is quiescent.
+
+        Quiescent: the producer waits for the broker (every copy delivered was
+        broadcast), nothing broadcast is unadvanced, and the group is not paused.
+        A turn is one pull per member, each followed by a few dozen loop turns
+        (``settle``). Allowed: a turn per copy still at the producer or just
+        delivered, and ``SPARE_TURNS`` for what the members held or had queued.
+        """
+        turns = self.copies - self.producer.yielded + len(delivered) + SPARE_TURNS
+        for _ in range(turns):
+            self.attach_everyone()
+            for name in ROSTER:
+                self.pull(name)
+            if self.quiescent():
+                break
+        else:
+            raise AssertionError(self.stall(turns, delivered, what))
+        outcomes = {
+            item.broker_payload: item.outcome
+            for batch in self.producer.batches
+            for item in batch
+            if item.broker_payload in delivered
+        }
+        for copy in delivered:
+            outcome = outcomes.get(copy)
+            assert outcome is not None and outcome.acked == len(ROSTER), (
+                f"{what}: {copy} advanced as {outcome}, not acked by the whole roster"
+            )
+        new = delivered[-1]
+        missed = [name for name in ROSTER if new not in self.handed[name]]
+        assert not missed, f"{what}: the new event {new} was never handed to {missed}"
+
+    def quiescent(self) -> bool:
+        assert self.manager is not None
+        stats = self.manager.stats()
+        return (
+            self.producer.starved.is_set()
+            and len(stats) == 1
+            and not stats[0].paused
+            and stats[0].outstanding == 0
+        )
+
+    def stall(self, turns: int, delivered: list[tuple[int, int]], what: str) -> str:
+        assert self.manager is not None
+        stats = self.manager.stats()
+        group = stats[0] if stats else None
+        stuck = []
+        if not self.producer.starved.is_set():
+            untaken = self.copies - self.producer.yielded
+            stuck.append(
+                f"the poll never took {untaken} delivered copies from the producer"
+                if untaken
+                else "the poll holds the last copy it took and never broadcast it"
+            )
+        if group is None:
+            stuck.append("no group is running")
+        else:
+            if group.paused:
+                stuck.append(f"the group stayed paused (missing {group.missing})")
+            if group.outstanding:
+                stuck.append(f"{group.outstanding} broadcast events were never advanced")
+        new = delivered[-1]
+        missed = [name for name in ROSTER if new not in self.handed[name]]
+        if missed:
+            stuck.append(f"the new event {new} was never handed to {missed}")
+        return (
+            f"no progress after {turns} turns of every member pulling ({what}): "
+            + "; ".join(stuck)
+            + f". Delivered {delivered}; {group}"
+        )
 
     # -- invariants ----------------------------------------------------------------
 
