@@ -8,6 +8,10 @@ topic of ``--messages`` records, then consumes all of it from the start in a fre
 consumer group per run:
 
 * **plain aiokafka**: ``getmany`` and one manual ``commit`` per fetched batch;
+* **contract floor**: plain aiokafka plus, per record, what the contract makes
+  ackgate build whatever its design (a ``Message``, an id with its redelivery-memory
+  entry, an ``AdvanceItem``), and four handlers reading every body; no fan-out, no
+  bookkeeping, unsafe commits: the ceiling any Service row could reach;
 * **bare fan-out x4**: aiokafka into four asyncio queues read by four async
   generators, committing per batch without waiting for them (unsafe: the ceiling
   of fanning out in CPython, for reference);
@@ -46,7 +50,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import TopicPartition
 
-from ackgate import Message, Service, SharedStreamManager, Subscription
+from ackgate import AdvanceItem, AdvanceOutcome, Message, Service, SharedStreamManager, Subscription
 from ackgate_kafka import KafkaStreamProducer
 
 TEST_SUPPORT = Path(__file__).resolve().parents[1] / "tests" / "support"
@@ -126,6 +130,39 @@ async def plain_aiokafka(bootstrap: str, topic: str, messages: int) -> tuple[flo
             volume += len(record.value)
 
     started = await consume_and_commit(bootstrap, topic, messages, group, touch)
+    return time.perf_counter() - started, group
+
+
+async def contract_floor(bootstrap: str, topic: str, messages: int) -> tuple[float, str]:
+    """What the contract costs per message before any fan-out or bookkeeping: plain
+    aiokafka plus, for every record, the objects ackgate must make whatever its
+    design (a ``Message``, an event id and its redelivery-memory entry, an
+    ``AdvanceItem``), and four handlers touching every body. Commits per fetch
+    without waiting for anyone (unsafe): a ceiling for the Service rows, not a
+    consumer."""
+    from ackgate_kafka._message import wrap_all
+
+    group = f"bench-floor-{uuid.uuid4().hex[:8]}"
+    memory: dict[Any, list[int]] = {}
+    clean = AdvanceOutcome(4, 0, 0)
+    new_item = tuple.__new__  # the cheapest way to build one, as the core does
+    volume = 0
+
+    def per_record(records: list[Any]) -> None:
+        nonlocal volume
+        tp = TopicPartition(records[0].topic, records[0].partition)
+        batch = wrap_all(None, records, tp)
+        for record in records:
+            memory.setdefault((tp.topic, tp.partition, record.offset), [0])[0] |= 15
+        items = [new_item(AdvanceItem, (record, clean)) for record in records]
+        for _ in range(4):
+            for message in batch:
+                volume += len(message.body)
+        del items
+        if len(memory) > 65_536:
+            memory.clear()
+
+    started = await consume_and_commit(bootstrap, topic, messages, group, per_record)
     return time.perf_counter() - started, group
 
 
@@ -246,6 +283,7 @@ async def bench(bootstrap: str, messages: int, partitions: int, size: int, repea
     await fill_topic(bootstrap, topic, messages, partitions, size)
     variants: dict[str, Callable[[], Awaitable[tuple[float, str]]]] = {
         "plain aiokafka": lambda: plain_aiokafka(bootstrap, topic, messages),
+        "contract floor (unsafe)": lambda: contract_floor(bootstrap, topic, messages),
         "bare fan-out x4 (unsafe)": lambda: bare_fan_out(bootstrap, topic, messages, 4),
         "ackgate, 1 subscriber": lambda: with_ackgate(bootstrap, topic, messages, 1),
         "ackgate, 4 subscribers": lambda: with_ackgate(bootstrap, topic, messages, 4),
