@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +20,10 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_up(kind: str, *flags: str) -> tuple[subprocess.Popen[str], dict[str, str]]:
     """Start ``up kind``; return the process and the variables it printed."""
     process = subprocess.Popen(
@@ -27,6 +32,10 @@ def start_up(kind: str, *flags: str) -> tuple[subprocess.Popen[str], dict[str, s
         stderr=subprocess.PIPE,
         text=True,
         env=clean_env(),
+        # A CI script run in the background inherits an ignored SIGINT (POSIX shells
+        # ignore it for asynchronous jobs), and Python keeps it ignored: give the
+        # child Ctrl-C back, as a terminal user has it.
+        preexec_fn=_default_sigint,
     )
     assert process.stdout is not None
     exported: dict[str, str] = {}

@@ -88,7 +88,9 @@ async def consume_then_leave(sub: Subscription, sink: list[tuple[int, int]], cou
 
 async def test_consumer_joins_and_leaves_mid_stream(kafka: KafkaTestCluster) -> None:
     topic, group = kafka.unique("rebalance"), kafka.unique("g")
-    partitions, count = 4, 4_000
+    # Enough that the second consumer still finds 200 records on its partitions
+    # whenever the rebalance completes (the first reads on at ~1,000 records/s).
+    partitions, count = 4, 12_000
     await kafka.create_topic(topic, partitions)
     await kafka.produce(topic, count, partitions)
     producers: list[CheckedProducer] = []
