@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("ackgate.service")
 
+#: Per-message handlers hold at least this many jobs: the feed then pulls them in one
+#: step and a slot runs them back to back, instead of a feed wake-up per message.
+_MIN_HELD_MESSAGES = 32
+
 #: The ordering key of a job that waits for no other job.
 UNORDERED: Any = object()
 
@@ -76,13 +80,20 @@ class Calls:
     ) -> None:
         self._spec = spec
         self._manager = manager
+        #: ``manager.confirm_persisted`` without its argument check and thread
+        #: hand-off: calls run on the manager's loop, and tickets are lists of ints.
+        self._confirm = manager._bindings.confirm
         self._counters = counters
         self._concurrency = spec.concurrency
         #: How many jobs the feed may hold before it waits: per-message handlers hold
-        #: twice their concurrency, so a slot that ends a call finds the next one ready
-        #: (and a busy key does not idle every slot); batch handlers fill their next
-        #: batch while ``concurrency`` batches run.
-        self.capacity = spec.concurrency + 1 if spec.batched else 2 * spec.concurrency
+        #: twice their concurrency (at least ``_MIN_HELD_MESSAGES``), so a slot that
+        #: ends a call finds the next one ready (and a busy key does not idle every
+        #: slot); batch handlers fill their next batch while ``concurrency`` batches run.
+        self.capacity = (
+            spec.concurrency + 1
+            if spec.batched
+            else max(2 * spec.concurrency, _MIN_HELD_MESSAGES)
+        )
         #: Jobs submitted and not finished. Invariant: ``held == (jobs in slots) +
         #: len(_ready) + sum(map(len, _behind.values()))``.
         self.held = 0
@@ -259,7 +270,7 @@ class Calls:
             if rejects:
                 self._resolve_batch(job, rejects)
             else:
-                self._manager.confirm_persisted(job.seqs)
+                self._confirm(job.seqs)
                 counters.handled += len(job.messages)
             return
 
