@@ -272,6 +272,8 @@ class Group:
         the same effect, one loop instead of one call per event."""
         bit = sub._bit
         flag = 0 if bit is None else 1 << bit
+        tracker = self.tracker
+        resolved = False
         for event in events:
             cell = event.acked_cell
             if cell is not None:
@@ -280,7 +282,12 @@ class Group:
             assert pending >= 0, "resolved more often than its snapshot allows"
             event.pending = pending
             if not pending:
-                self._resolved(event)
+                tracker.resolved(event)
+                resolved = True
+        if resolved:  # ``_resolved``'s pruning, once for the lot
+            unresolved = self.unresolved
+            while unresolved and unresolved[0].pending == 0:
+                unresolved.popleft()
 
     def resolve(
         self, event: Event, how: Resolution, reason: str | None = None, by: int = 0

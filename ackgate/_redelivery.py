@@ -69,9 +69,9 @@ class RedeliveryMemory:
         order = self._order
         found: list[list[int]] = []
         for event_id in event_ids:
-            cell = cells.get(event_id)
-            if cell is None:
-                cell = cells[event_id] = [0]
+            fresh = [0]
+            cell = cells.setdefault(event_id, fresh)  # one hash of the id, not two
+            if cell is fresh:
                 order.append(event_id)
             found.append(cell)
         for _ in range(len(order) - self._capacity):
