@@ -87,47 +87,21 @@ import asyncio
 import itertools
 import logging
 from collections.abc import AsyncGenerator, Hashable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from ackgate import AdvanceItem, AdvanceOutcome, EventBatch, Message, SharedStreamProducer
+from ackgate_kafka._dead_letter import SHARED_CONNECTION_OPTIONS, dead_letter_headers
 from ackgate_kafka._membership import MembershipKeeper
 from ackgate_kafka._message import check_value, wrap, wrap_all
+from ackgate_kafka._partitions import Delivery, PartitionState
 
 log = logging.getLogger("ackgate.adapters.kafka")
-
-# Connection-level options that the DLQ producer must share with the consumer, so a
-# secured cluster is reached the same way by both.
-_SHARED_CONNECTION_OPTIONS = frozenset(
-    {
-        "client_id",
-        "api_version",
-        "security_protocol",
-        "ssl_context",
-        "sasl_mechanism",
-        "sasl_plain_username",
-        "sasl_plain_password",
-        "sasl_kerberos_service_name",
-        "sasl_kerberos_domain_name",
-        "sasl_oauth_token_provider",
-        "connections_max_idle_ms",
-        "request_timeout_ms",
-        "metadata_max_age_ms",
-        "retry_backoff_ms",
-    }
-)
 
 _POLL_TIMEOUT_MS = 1000
 # Records per EventBatch: big enough to amortize the group's per-batch step, small
 # enough that a hold or revoke stops a fetch's stale rest between batches.
 _BATCH_RECORDS = 256
 _DEFAULT_MAX_POLL_INTERVAL_MS = 300_000  # aiokafka's default
-
-
-def _reason(outcome: AdvanceOutcome, total: int) -> str:
-    """The ``ackgate.reason`` header: the count, then the subscribers' reasons (SPEC §8)."""
-    summary = f"rejected by {outcome.rejected} of {total} subscribers"
-    return f"{summary}: {'; '.join(outcome.reasons)}" if outcome.reasons else summary
 
 
 def _import_aiokafka() -> Any:
@@ -141,54 +115,6 @@ def _import_aiokafka() -> Any:
     # ABC at module level would make aiokafka a hard dependency of this module.
     aiokafka.abc.ConsumerRebalanceListener.register(_RebalanceListener)
     return aiokafka
-
-
-class _Delivery(NamedTuple):
-    """The broker payload: the record, its partition and the epoch it was fetched in.
-
-    A NamedTuple because one is built per record on the hot path.
-    """
-
-    tp: Any
-    record: Any
-    epoch: int
-
-
-@dataclass(slots=True)
-class _Partition:
-    """This consumer's view of one partition.
-
-    Invariants: only deliveries whose ``epoch`` equals ``self.epoch`` are ever
-    committed, and only while ``owned`` (checked under the producer's lock);
-    ``committed_next`` only grows within one assignment (asserted in ``_commit``). The
-    epoch changes on every assignment, revocation and hold. Tests:
-    ``test_acked_commits_once_per_batch_and_failed_is_held_then_redelivered``,
-    ``test_rebalance_drains_resolved_prefix_and_never_commits_revoked``,
-    ``test_consumer_joins_and_leaves_mid_stream``.
-    """
-
-    epoch: int
-    owned: bool = True
-    draining: bool = False
-    # Offset after the last record yielded in this epoch; None if none yet.
-    yielded_next: int | None = None
-    # Offset after the last commit this consumer made in this assignment.
-    committed_next: int | None = None
-    # Offset of the last hold; repeated holds at the same offset log at DEBUG only, so a
-    # group whose subscribers are all force-failed does not flood the log.
-    held_at: int | None = None
-
-    def drained(self) -> bool:
-        """True when everything yielded in this epoch is committed (or can never be)."""
-        return (
-            not self.owned
-            or self.yielded_next is None
-            or (self.committed_next is not None and self.committed_next >= self.yielded_next)
-        )
-
-    def new_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-        self.yielded_next = None
 
 
 class _RebalanceListener:
@@ -265,7 +191,7 @@ class KafkaStreamProducer(SharedStreamProducer):
         self._consumer: Any = None
         self._dlq: Any = None
         self._errors: Any = None
-        self._partitions: dict[Any, _Partition] = {}
+        self._partitions: dict[Any, PartitionState] = {}
         self._epochs = itertools.count(1)
         # Held around every ownership check that is followed by a commit or seek, so a
         # revoke can never complete between the check and the broker call.
@@ -315,7 +241,7 @@ class KafkaStreamProducer(SharedStreamProducer):
                     if part.epoch != epoch or part.draining:
                         break
                     part.yielded_next = record.offset + 1
-                    yield record, _Delivery(tp, record, epoch)
+                    yield record, Delivery(tp, record, epoch)
         finally:
             await batches.aclose()
 
@@ -341,14 +267,16 @@ class KafkaStreamProducer(SharedStreamProducer):
                     part.yielded_next = records[-1].offset + 1
                     yield EventBatch(
                         records,
-                        [new_delivery(_Delivery, (tp, record, epoch)) for record in records],
+                        [new_delivery(Delivery, (tp, record, epoch)) for record in records],
                         tp,
                         [(topic, partition, record.offset) for record in records],
                     )
         finally:
             await batches.aclose()
 
-    async def _partition_batches(self) -> AsyncGenerator[tuple[Any, _Partition, int, Any], None]:
+    async def _partition_batches(
+        self,
+    ) -> AsyncGenerator[tuple[Any, PartitionState, int, Any], None]:
         """Join the group and yield ``(tp, partition, epoch, records)`` per partition of
         every fetch, skipping a partition whose epoch moved on (a hold or revoke
         while the caller was suspended) or that is draining."""
@@ -364,7 +292,7 @@ class KafkaStreamProducer(SharedStreamProducer):
         )
         self._consumer.subscribe(self._topics, listener=_RebalanceListener(self))
         if self._dlq_topic is not None:
-            shared = {k: v for k, v in self._options.items() if k in _SHARED_CONNECTION_OPTIONS}
+            shared = {k: v for k, v in self._options.items() if k in SHARED_CONNECTION_OPTIONS}
             self._dlq = aiokafka.AIOKafkaProducer(
                 bootstrap_servers=self._bootstrap_servers, acks="all", **shared
             )
@@ -423,7 +351,7 @@ class KafkaStreamProducer(SharedStreamProducer):
         stale = 0
         dlq_writes: list[Any] = []
         for item in batch:
-            delivery: _Delivery = item.broker_payload
+            delivery: Delivery = item.broker_payload
             if delivery.epoch != epoch:
                 stale += 1
                 continue
@@ -495,7 +423,7 @@ class KafkaStreamProducer(SharedStreamProducer):
                 await consumer.stop()
                 log.info("Kafka consumer stopped group=%s", self._group_id)
 
-    def _own(self, tp: Any) -> _Partition:
+    def _own(self, tp: Any) -> PartitionState:
         """Return ``tp``'s state, starting a new assignment if it was not owned.
 
         Called from the assignment callback and, in case a fetch races ahead of that
@@ -503,7 +431,7 @@ class KafkaStreamProducer(SharedStreamProducer):
         """
         part = self._partitions.get(tp)
         if part is None:
-            part = self._partitions[tp] = _Partition(epoch=next(self._epochs))
+            part = self._partitions[tp] = PartitionState(epoch=next(self._epochs))
         elif not part.owned:
             part.new_epoch(next(self._epochs))
             part.owned = True
@@ -549,17 +477,10 @@ class KafkaStreamProducer(SharedStreamProducer):
             ", ".join(sorted(f"{tp.topic}-{tp.partition}" for tp in parts)),
         )
 
-    async def _dead_letter(self, delivery: _Delivery, outcome: AdvanceOutcome) -> Any:
+    async def _dead_letter(self, delivery: Delivery, outcome: AdvanceOutcome) -> Any:
         """Queue the DLQ copy; return the future of its acknowledgement."""
         record = delivery.record
-        total = outcome.acked + outcome.failed + outcome.rejected
-        headers = [
-            *(record.headers or ()),
-            ("ackgate.original.topic", record.topic.encode()),
-            ("ackgate.original.partition", str(record.partition).encode()),
-            ("ackgate.original.offset", str(record.offset).encode()),
-            ("ackgate.reason", _reason(outcome, total).encode()),
-        ]
+        headers = dead_letter_headers(record, outcome)
         try:
             return await self._dlq.send(
                 self._dlq_topic, value=record.value, key=record.key, headers=headers
@@ -575,7 +496,7 @@ class KafkaStreamProducer(SharedStreamProducer):
             )
             raise self._translate(exc, "DLQ write failed") from exc
 
-    async def _commit(self, tp: Any, part: _Partition, offset: int) -> None:
+    async def _commit(self, tp: Any, part: PartitionState, offset: int) -> None:
         assert part.owned and (part.committed_next is None or offset > part.committed_next)
         try:
             await self._consumer.commit({tp: offset})
@@ -592,7 +513,7 @@ class KafkaStreamProducer(SharedStreamProducer):
             raise self._translate(exc, "commit failed") from exc
         part.committed_next = offset
 
-    def _hold(self, tp: Any, part: _Partition, offset: int) -> None:
+    def _hold(self, tp: Any, part: PartitionState, offset: int) -> None:
         part.new_epoch(next(self._epochs))
         # A draining partition is about to go to its new owner, who starts at the
         # committed offset (this one) anyway; seeking an outgoing partition is moot.
