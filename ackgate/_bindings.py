@@ -149,4 +149,3 @@ class OutputRegistry:
                 if entry[1] in entry[0]._outputs or entry[1] in entry[0]._batches
             }
             self._stale = 0
-

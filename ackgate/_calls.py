@@ -90,9 +90,7 @@ class Calls:
         #: ends a call finds the next one ready (and a busy key does not idle every
         #: slot); batch handlers fill their next batch while ``concurrency`` batches run.
         self.capacity = (
-            spec.concurrency + 1
-            if spec.batched
-            else max(2 * spec.concurrency, _MIN_HELD_MESSAGES)
+            spec.concurrency + 1 if spec.batched else max(2 * spec.concurrency, _MIN_HELD_MESSAGES)
         )
         #: Jobs submitted and not finished. Invariant: ``held == (jobs in slots) +
         #: len(_ready) + sum(map(len, _behind.values()))``.

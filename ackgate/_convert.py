@@ -79,8 +79,7 @@ class BatchMessageProducer(MessageProducer):
             async for batch in stream:
                 if not isinstance(batch, EventBatch):
                     raise TypeError(
-                        "open_stream_batches must yield EventBatch, "
-                        f"got {type(batch).__name__}"
+                        f"open_stream_batches must yield EventBatch, got {type(batch).__name__}"
                     )
                 messages: list[Message] = to_messages(batch)
                 yield batch._replace(raw_events=messages)

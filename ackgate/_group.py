@@ -566,8 +566,10 @@ class Group:
             )
         raws, payloads, lane_key, event_ids = batch
         total = len(raws)
-        if total == 0 or len(payloads) != total or (
-            event_ids is not None and len(event_ids) != total
+        if (
+            total == 0
+            or len(payloads) != total
+            or (event_ids is not None and len(event_ids) != total)
         ):
             raise TypeError(
                 "an EventBatch needs at least one event and as many payloads (and event "
@@ -634,9 +636,7 @@ class Group:
         log = self.log
         entries = log.entries
         lane_events = lane.events
-        cells = (
-            None if event_ids is None else self.redelivery.cells(event_ids[start:stop])
-        )
+        cells = None if event_ids is None else self.redelivery.cells(event_ids[start:stop])
         queue_size = self._queue_size
         tracker.outstanding += stop - start
         for index in range(start, stop):

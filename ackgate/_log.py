@@ -111,4 +111,3 @@ class EventLog:
         while entries and entries[0].undelivered == 0:
             entries.popleft()
             self.base += 1
-

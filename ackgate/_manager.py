@@ -220,9 +220,7 @@ class SharedStreamManager:
         if self._in_loop(self._bindings.resolve, seqs, "failed", None):
             self._bindings.resolve(seqs, "failed", None)
 
-    def reject_in_batch(
-        self, seq: int, indexes: Iterable[int], reason: str | None = None
-    ) -> None:
+    def reject_in_batch(self, seq: int, indexes: Iterable[int], reason: str | None = None) -> None:
         """Reject some events of a batch (:meth:`Subscription.pull_batch`): the events
         at ``indexes`` of the batch bound to ``seq`` resolve as ``rejected`` for its
         subscriber at once; the others stay bound to ``seq`` (confirm it to ack

@@ -280,8 +280,10 @@ class LaneTracker:
 
     def _wake_poll(self) -> None:
         room = self._room
-        if room is not None and not room.done() and (
-            self.halted or self.outstanding < self.max_outstanding
+        if (
+            room is not None
+            and not room.done()
+            and (self.halted or self.outstanding < self.max_outstanding)
         ):
             room.set_result(None)
 

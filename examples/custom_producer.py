@@ -97,8 +97,13 @@ async def ship(root: Path, expected: int) -> None:
 
 
 def main() -> None:
-    flags = {"eu/001": b"ship 3", "eu/002": b"garbled", "eu/003": b"ship 1",
-             "us/001": b"ship 2", "us/002": b"ship 5"}
+    flags = {
+        "eu/001": b"ship 3",
+        "eu/002": b"garbled",
+        "eu/003": b"ship 1",
+        "us/001": b"ship 2",
+        "us/002": b"ship 5",
+    }
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for name, body in flags.items():

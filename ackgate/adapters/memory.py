@@ -397,7 +397,10 @@ class MemoryStreamProducer(SharedStreamProducer):
                 self._wake.set()
             logger.info(
                 "holding %s[%d] at offset %d (failed=%d, subscribers=%d); seeking back",
-                self._topic, partition, committed, outcome.failed,
+                self._topic,
+                partition,
+                committed,
+                outcome.failed,
                 outcome.acked + outcome.failed + outcome.rejected,
             )
             return
@@ -409,8 +412,15 @@ class MemoryStreamProducer(SharedStreamProducer):
             )
             dlq = self._broker._dead_letter(record, reason)
             counts["dead_lettered"] += 1
-            logger.debug("dead-lettered %s[%d]@%d to %s[%d]@%d", self._topic, partition,
-                         committed, dlq.topic, dlq.partition, dlq.offset)
+            logger.debug(
+                "dead-lettered %s[%d]@%d to %s[%d]@%d",
+                self._topic,
+                partition,
+                committed,
+                dlq.topic,
+                dlq.partition,
+                dlq.offset,
+            )
         else:
             counts["committed"] += 1
         self._broker._commit(self._topic, self._group, partition, committed + 1)

@@ -20,8 +20,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 def run_module(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def demo_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any], str]:
@@ -72,8 +79,9 @@ def test_crash_of_the_only_handler_restarts_the_group(capsys: pytest.CaptureFixt
 
 def test_db_option_keeps_the_index(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     db = tmp_path / "index.sqlite3"
-    status, summary, _ = demo_json(capsys, "--events", "400", "--handlers", "indexer,auditor",
-                                   "--db", str(db))
+    status, summary, _ = demo_json(
+        capsys, "--events", "400", "--handlers", "indexer,auditor", "--db", str(db)
+    )
     assert status == 0
     with sqlite3.connect(db) as conn:
         [(rows, deliveries)] = conn.execute("SELECT COUNT(*), SUM(deliveries) FROM events")
@@ -145,8 +153,9 @@ def test_python_m_ackgate_demo_json(tmp_path: Path) -> None:
 
 
 def test_python_m_ackgate_demo_with_progress_and_crash(tmp_path: Path) -> None:
-    done = run_module("-m", "ackgate", "demo", "--events", "1000", "--crash-at", "200",
-                      cwd=tmp_path)
+    done = run_module(
+        "-m", "ackgate", "demo", "--events", "1000", "--crash-at", "200", cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr
     assert "notifier crashed on its event 200" in done.stdout
     assert "committed offsets" in done.stdout
@@ -161,11 +170,13 @@ def test_bad_option_as_a_subprocess(tmp_path: Path) -> None:
 
 def test_json_needs_no_rich_and_bars_name_the_extra(tmp_path: Path) -> None:
     without_rich = "import sys; sys.modules['rich'] = None; from ackgate._cli import main; "
-    done = run_module("-c", without_rich + "sys.exit(main(['demo', '--events', '200', '--json']))",
-                      cwd=tmp_path)
+    done = run_module(
+        "-c", without_rich + "sys.exit(main(['demo', '--events', '200', '--json']))", cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["balanced"] is True
-    done = run_module("-c", without_rich + "sys.exit(main(['demo', '--events', '200']))",
-                      cwd=tmp_path)
+    done = run_module(
+        "-c", without_rich + "sys.exit(main(['demo', '--events', '200']))", cwd=tmp_path
+    )
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "pip install 'ackgate[cli]'" in done.stderr

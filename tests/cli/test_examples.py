@@ -12,15 +12,22 @@ REPO = Path(__file__).resolve().parents[2]
 
 def run_example(name: str, cwd: Path) -> str:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, str(REPO / "examples" / name)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "examples" / name)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
 
 def test_quickstart(tmp_path: Path) -> None:
     out = run_example("quickstart.py", tmp_path)
-    assert "dead-lettered: [b'{\"sku\": \"C3\", \"q']" in out
+    assert 'dead-lettered: [b\'{"sku": "C3", "q\']' in out
     assert "committed offsets: {0: 1, 1: 3}" in out
     stored = next(line for line in out.splitlines() if line.startswith("stored:"))
     assert stored.count("'sku'") == 3
@@ -28,7 +35,7 @@ def test_quickstart(tmp_path: Path) -> None:
 
 def test_low_level(tmp_path: Path) -> None:
     out = run_example("low_level.py", tmp_path)
-    assert "dead-lettered: [b'{\"sku\": \"C3\", \"q']" in out
+    assert 'dead-lettered: [b\'{"sku": "C3", "q\']' in out
     assert "committed offsets: {0: 1, 1: 3}" in out
     stored = next(line for line in out.splitlines() if line.startswith("stored:"))
     assert stored.count("'sku'") == 3

@@ -52,16 +52,31 @@ def test_adapters_lists_one_line_each(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_adapters_imports_no_adapter_or_client(tmp_path: Path) -> None:
-    modules = ["ackgate_kafka", "ackgate_sqs", "ackgate_pubsub", "ackgate_servicebus",
-               "aiokafka", "aiobotocore", "google.pubsub_v1", "azure.servicebus"]
+    modules = [
+        "ackgate_kafka",
+        "ackgate_sqs",
+        "ackgate_pubsub",
+        "ackgate_servicebus",
+        "aiokafka",
+        "aiobotocore",
+        "google.pubsub_v1",
+        "azure.servicebus",
+    ]
     script = (
         "import sys\n"
         "from ackgate._cli import main\n"
         "assert main(['adapters']) == 0\n"
         f"print('imported:', [m for m in {modules!r} if m in sys.modules])\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=60, check=False, env={**os.environ})
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ},
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "imported: []"
 

@@ -147,9 +147,10 @@ async def test_bad_indexes_are_logged_and_ignored(
 
 async def test_reject_in_batch_from_another_thread() -> None:
     producer = fed(2)
-    async with SharedStreamManager() as manager, manager.subscribe(
-        "k", "s", producer=lambda: producer
-    ) as sub:
+    async with (
+        SharedStreamManager() as manager,
+        manager.subscribe("k", "s", producer=lambda: producer) as sub,
+    ):
         batch = await sub.pull_batch(2)
         worker = threading.Thread(target=manager.reject_in_batch, args=(batch.seq, [1], "t"))
         worker.start()
@@ -198,9 +199,10 @@ async def test_a_batch_outlives_its_subscription_until_confirmed(
 async def test_pull_batch_passes_copies_it_acked_before() -> None:
     producer = BatchingProducer()
     producer.feed_item(batch_of(0, 3, ids=True))
-    async with SharedStreamManager() as manager, manager.subscribe(
-        "k", "s", producer=lambda: producer
-    ) as sub:
+    async with (
+        SharedStreamManager() as manager,
+        manager.subscribe("k", "s", producer=lambda: producer) as sub,
+    ):
         first = await sub.pull_batch(3)
         manager.confirm_persisted([first.seq])
         await producer.wait_advanced(3)
@@ -274,9 +276,10 @@ async def test_a_malformed_batch_ends_the_group(
 async def test_a_batch_larger_than_max_outstanding_waits_for_room_between_events() -> None:
     producer = BatchingProducer()
     producer.feed_item(batch_of(0, 10))
-    async with SharedStreamManager(max_outstanding=3) as manager, manager.subscribe(
-        "k", "s", producer=lambda: producer
-    ) as sub:
+    async with (
+        SharedStreamManager(max_outstanding=3) as manager,
+        manager.subscribe("k", "s", producer=lambda: producer) as sub,
+    ):
         await turn()
         [stats] = manager.stats()
         assert stats.outstanding == 3 and sub._group.log.head == 3

@@ -37,9 +37,7 @@ async def test_resolving_a_bound_output_resolves_its_event_with_the_window_open(
         manager.confirm_persisted([second])  # stale now
         manager.reject_bound([second])
     expected = (
-        AdvanceOutcome(0, 0, 1, ("s: unparseable",))
-        if how == "reject"
-        else AdvanceOutcome(0, 1, 0)
+        AdvanceOutcome(0, 0, 1, ("s: unparseable",)) if how == "reject" else AdvanceOutcome(0, 1, 0)
     )
     assert outcomes(producer) == {0: expected}
 
@@ -179,11 +177,14 @@ async def test_resolving_from_another_thread(manager: SharedStreamManager, how: 
         producer.feed("b", 1)
         await anext(sub)
         await producer.wait_advanced(1)
-    assert outcomes(producer)[0] == {
-        "confirm": AdvanceOutcome(1, 0, 0),
-        "reject": AdvanceOutcome(0, 0, 1, ("s: from a thread",)),
-        "fail": AdvanceOutcome(0, 1, 0),
-    }[how]
+    assert (
+        outcomes(producer)[0]
+        == {
+            "confirm": AdvanceOutcome(1, 0, 0),
+            "reject": AdvanceOutcome(0, 0, 1, ("s: from a thread",)),
+            "fail": AdvanceOutcome(0, 1, 0),
+        }[how]
+    )
 
 
 def test_stale_calls_from_a_thread_after_the_loop_closed_are_ignored() -> None:

@@ -49,9 +49,12 @@ async def test_a_slow_advance_holds_the_poll_at_max_outstanding() -> None:
     """Issue 11, defect 2: one lane per event, advance() 1 ms, cap 4."""
     producer = SlowAdvance()
     limit = 64
-    async with SharedStreamManager(
-        max_concurrent_advances=4, max_outstanding=limit, subscriber_queue_size=10_000
-    ) as manager, manager.subscribe("k", "s", producer=lambda: producer) as sub:
+    async with (
+        SharedStreamManager(
+            max_concurrent_advances=4, max_outstanding=limit, subscriber_queue_size=10_000
+        ) as manager,
+        manager.subscribe("k", "s", producer=lambda: producer) as sub,
+    ):
         producer.group = sub._group
         deadline = asyncio.get_running_loop().time() + 0.3
         while asyncio.get_running_loop().time() < deadline:

@@ -150,9 +150,7 @@ async def test_a_missing_member_pauses_the_group_and_its_return_resumes_it(
     await turn()
     assert not waiting.done()
 
-    subs["notifier"] = manager.subscribe(
-        "k", "notifier", producer=lambda: counting, roster=ROSTER
-    )
+    subs["notifier"] = manager.subscribe("k", "notifier", producer=lambda: counting, roster=ROSTER)
     assert await waiting == "e1"
     resumed = [r for r in caplog.records if "resumed" in r.getMessage()]
     assert len(resumed) == 1 and resumed[0].levelno == logging.INFO

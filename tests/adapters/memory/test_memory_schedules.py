@@ -34,8 +34,9 @@ async def run_schedule(data: st.DataObject, partitions: int, count: int) -> None
         if broker.committed("t", "g") == broker.end_offsets("t"):
             break
         # White-box: the stream blocks when no partition has a record to fetch.
-        fetchable = sum(max(0, len(broker.records("t", p)) - producer._fetch[p])
-                        for p in range(partitions))
+        fetchable = sum(
+            max(0, len(broker.records("t", p)) - producer._fetch[p]) for p in range(partitions)
+        )
         take = data.draw(st.integers(0 if in_flight else 1, 4), label="take")
         for _ in range(min(fetchable, take)):
             async with asyncio.timeout(1):
