@@ -15,6 +15,7 @@ from typing import Any
 from ackgate import (
     AdvanceItem,
     AdvanceOutcome,
+    EventBatch,
     SharedStreamManager,
     SharedStreamProducer,
     Subscription,
@@ -131,7 +132,8 @@ class AdvanceLog:
 
 
 class RecordingProducer(SharedStreamProducer):
-    """The adapter's producer, unchanged, recording what ``advance`` was given."""
+    """The adapter's producer, unchanged (its lanes and event ids too), recording what
+    ``advance`` was given."""
 
     def __init__(self, inner: SharedStreamProducer, harness: BrokerHarness, log: AdvanceLog):
         self._inner = inner
@@ -158,6 +160,9 @@ class RecordingProducer(SharedStreamProducer):
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         return self._pending[id(broker_payload)][2]
 
+    def get_event_id(self, broker_payload: Any) -> Hashable | None:
+        return self._inner.get_event_id(broker_payload)
+
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         await self._inner.advance(batch)
         done = [self._pending.pop(id(item.broker_payload)) for item in batch]
@@ -170,6 +175,32 @@ class RecordingProducer(SharedStreamProducer):
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+class BatchRecordingProducer(RecordingProducer):
+    """:class:`RecordingProducer` for an adapter that yields ``EventBatch`` es: the group
+    reads its batches, as it would the adapter's, so the checks run on that path."""
+
+    async def open_stream_batches(self) -> AsyncIterator[EventBatch]:
+        stream = self._inner.open_stream_batches()
+        try:
+            async for batch in stream:
+                for raw, payload in zip(batch.raw_events, batch.broker_payloads, strict=True):
+                    self._pending[id(payload)] = (payload, self._harness.body(raw), batch.lane)
+                yield batch
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+def recording(
+    inner: SharedStreamProducer, harness: BrokerHarness, log: AdvanceLog
+) -> RecordingProducer:
+    """The recording wrapper for ``inner``, reading it the way a group would."""
+    if type(inner).open_stream_batches is not SharedStreamProducer.open_stream_batches:
+        return BatchRecordingProducer(inner, harness, log)
+    return RecordingProducer(inner, harness, log)
 
 
 def interleaved(per_lane: int) -> list[tuple[str, str]]:
@@ -222,7 +253,7 @@ async def run_group(
     """
 
     def make() -> SharedStreamProducer:
-        return RecordingProducer(harness.producer(), harness, log)
+        return recording(harness.producer(), harness, log)
 
     seen: dict[str, list[str]] = {sid: [] for sid in SUBSCRIBERS}
 
