@@ -595,7 +595,14 @@ class Group:
                 return None
             count = min(total - done, tracker.max_outstanding - tracker.outstanding, fairness)
             if blocking:
-                count = min(count, queue_size - (self.log.head - self._min_cursor_hint))
+                room = queue_size - (self.log.head - self._min_cursor_hint)
+                if room <= 0:
+                    # A stale hint: ``_make_room`` returns at once while no member is
+                    # active, and the members subscribed since start at the head.
+                    room = queue_size - (self.log.head - self._refresh_min_cursor())
+                    if room <= 0:
+                        continue  # wait for room after all
+                count = min(count, room)
             assert count > 0, "room for at least one event"
             self._broadcast_run(raws, payloads, lane_key, event_ids, done, done + count)
             done += count

@@ -372,3 +372,30 @@ async def test_expiry_fails_only_the_batches_that_owe_the_event(
     result = outcomes(producer)
     assert result[0] == result[1] == AdvanceOutcome(1, 1, 0)  # late owed them
     assert held.seq not in manager._bindings._by_seq
+
+
+async def test_a_batch_resumed_after_every_member_failed_with_full_queues_is_broadcast() -> None:
+    """Regression (found by the roster state machine): with every member force-failed,
+    ``_make_room`` returned at once without refreshing the lowest-cursor hint; once the
+    members were back, the stale hint left no room for the batch and ended the group."""
+    clock = FakeClock()
+    producer = BatchingProducer()
+    producer.feed_item(EventBatch(["e0", "e1"], [0, 1]))
+    roster = ("a", "b")
+    async with SharedStreamManager(subscriber_queue_size=2, ack_timeout=10.0, clock=clock) as (
+        manager
+    ):
+        subs = {
+            name: manager.subscribe("k", name, producer=lambda: producer, roster=roster)
+            for name in roster
+        }
+        await turn()
+        clock.advance(10.0)  # both owe e0 and e1 (full queues): force-failed, paused
+        producer.feed_item(EventBatch(["e2"], [2]))
+        await turn()
+        for name in roster:  # subscribed again: the group resumes
+            await subs[name].aclose()
+            subs[name] = manager.subscribe("k", name, producer=lambda: producer, roster=roster)
+        for name in roster:
+            async with subs[name] as sub:
+                assert await asyncio.wait_for(anext(sub), 5) == "e2"
