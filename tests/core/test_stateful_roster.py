@@ -14,13 +14,19 @@ moves past an event unless every declared handler acked or rejected it. Concrete
   the number of broadcast events does not grow;
 * ``GroupStats.missing`` names at least every member that is not attached.
 
+Both bulk paths run through all of it: members may take batches (``pull_batch``)
+and hold them, to be confirmed, rejected, failed or partly rejected
+(``reject_in_batch``) later, and a run's broker (drawn once) delivers single copies
+or ``EventBatch`` es of one lane with their event ids (``open_stream_batches``).
+
 And *liveness*, from whatever state a rule reaches (``everyone_keeps_pulling``):
 once every member is attached and healthy and all of them keep pulling (and confirm
 what they bound), the group makes progress within a bounded number of pulls: the
 poll broadcasts every copy the broker delivers, each member is handed the new
 events, and every event broadcast before is advanced. It is driven twice, the
 second time with redelivered copies every member acked (§13: handed to nobody), the
-case where a poll waiting for room was once never woken.
+case where a poll waiting for room was once never woken; some members may take
+what is queued in batches, confirmed at once.
 
 ``ACKGATE_HYPOTHESIS_EXAMPLES`` sets the number of examples (default 2000; this
 machine runs a quarter of them).
@@ -30,17 +36,22 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Hashable, Sequence
+from collections.abc import AsyncIterator, Collection, Hashable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import HealthCheck, settings
+import pytest
+from hypothesis import HealthCheck, assume, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from ackgate import (
     AckGateError,
     AdvanceItem,
+    BoundBatch,
+    EventBatch,
     SharedStreamManager,
+    StreamTerminated,
     Subscription,
 )
 from ackgate.testing import FakeClock, ScriptedProducer
@@ -49,10 +60,21 @@ EXAMPLES = max(1, int(os.environ.get("ACKGATE_HYPOTHESIS_EXAMPLES", "2000")) // 
 ROSTER = ("indexer", "auditor", "notifier")
 ACK_TIMEOUT = 100.0
 IDS = 4  # event ids are drawn from a small pool, so copies (redeliveries) are common
-QUEUE_SIZE = 2
-#: Pulls per member, beyond one per copy waiting at the producer, in which a group
-#: whose members all keep pulling must reach quiescence (see ``everyone_keeps_pulling``).
-SPARE_TURNS = 2 * QUEUE_SIZE + 4
+#: Queue sizes a run draws: with 2 the poll waits for room often and the batch poll
+#: broadcasts one event per run, with 8 two.
+QUEUE_SIZES = (2, 8)
+#: The most copies the broker delivers at once (``broker_delivers_batch``).
+BATCH_MAX = 3
+
+
+@dataclass
+class HeldBatch:
+    """A ``BoundBatch`` a member holds: the copies it was handed under one number."""
+
+    name: str
+    copies: list[tuple[int, int]]
+    #: Indexes rejected alone (``reject_in_batch``): confirming the number skips them.
+    apart: set[int] = field(default_factory=set)
 
 
 class RedeliveringProducer(ScriptedProducer):
@@ -78,6 +100,16 @@ class RedeliveringProducer(ScriptedProducer):
         await super().advance(batch)
 
 
+class BatchingProducer(RedeliveringProducer):
+    """Read through ``open_stream_batches``: the broker delivers ``EventBatch`` es of
+    one lane, with their event ids."""
+
+    async def open_stream_batches(self) -> AsyncIterator[EventBatch]:
+        async for batch in ScriptedProducer.open_stream(self):
+            self.yielded += len(batch.raw_events)
+            yield batch
+
+
 class RosterMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -99,6 +131,9 @@ class RosterMachine(RuleBasedStateMachine):
         #: Per member: every copy it was handed, whatever its subscription.
         self.handed: dict[str, set[tuple[int, int]]] = {name: set() for name in ROSTER}
         self.seqs: list[int] = []
+        #: Batches members hold (``pull_batch``), by number, until resolved here.
+        self.held: dict[int, HeldBatch] = {}
+        self.queue_size = QUEUE_SIZES[0]
         self.paused_broadcasts: int | None = None
         #: Members whose last pull raised (force-failed): a supervisor re-subscribes them.
         self.failed: set[str] = set()
@@ -162,11 +197,16 @@ class RosterMachine(RuleBasedStateMachine):
 
     # -- rules ---------------------------------------------------------------------
 
-    @initialize()
-    def start(self) -> None:
+    @initialize(batched=st.booleans(), queue_size=st.sampled_from(QUEUE_SIZES))
+    def start(self, batched: bool, queue_size: int) -> None:
+        """The broker delivers single copies or, ``batched``, ``EventBatch`` es."""
+        self.queue_size = queue_size
+        if batched:
+            self.producer = BatchingProducer(self)
+
         async def make() -> SharedStreamManager:
             return SharedStreamManager(
-                ack_timeout=ACK_TIMEOUT, subscriber_queue_size=QUEUE_SIZE, clock=self.clock
+                ack_timeout=ACK_TIMEOUT, subscriber_queue_size=queue_size, clock=self.clock
             )
 
         self.manager = self.run(make())
@@ -191,33 +231,125 @@ class RosterMachine(RuleBasedStateMachine):
     def broker_delivers(self, event_id: int) -> None:
         self.deliver(event_id)
 
+    @rule(event_ids=st.lists(st.integers(0, IDS - 1), min_size=1, max_size=BATCH_MAX))
+    def broker_delivers_batch(self, event_ids: list[int]) -> None:
+        """Copies of one lane delivered at once (one ``EventBatch`` if batched)."""
+        lane = event_ids[0] % 2
+        self.deliver_batch([event_id for event_id in event_ids if event_id % 2 == lane])
+
     def deliver(self, event_id: int) -> tuple[int, int]:
-        self.copies += 1
-        copy = (event_id, self.copies)
-        self.producer.feed(copy, copy)
-        self.settle()
+        [copy] = self.deliver_batch([event_id])
         return copy
+
+    def deliver_batch(self, event_ids: list[int]) -> list[tuple[int, int]]:
+        """Deliver a copy of each of ``event_ids`` (all of one lane), in order."""
+        copies = []
+        for event_id in event_ids:
+            self.copies += 1
+            copies.append((event_id, self.copies))
+        if isinstance(self.producer, BatchingProducer):
+            lane = event_ids[0] % 2
+            self.producer.feed_item(EventBatch(copies, copies, lane, event_ids))
+        else:
+            for copy in copies:
+                self.producer.feed(copy, copy)
+        self.settle()
+        return copies
 
     @rule(name=st.sampled_from(ROSTER))
     def pull(self, name: str) -> None:
+        self.take(name, None)
+
+    @rule(
+        name=st.sampled_from(ROSTER),
+        size=st.integers(1, 4),
+        delivered=st.lists(st.integers(0, IDS - 1), max_size=BATCH_MAX),
+    )
+    def pull_batch(self, name: str, size: int, delivered: list[int]) -> None:
+        """The member takes a batch of what is queued for it and holds it; first the
+        broker delivers copies of ``delivered`` (of one lane), if any."""
+        if delivered:
+            self.broker_delivers_batch(delivered)
+        self.take(name, size)
+
+    def take(self, name: str, size: int | None) -> int | None:
+        """A pull (``size`` None) or a ``pull_batch(size)``, cancelled if it waits.
+        Returns the number of the batch taken, if one was."""
         sub = self.subs.get(name)
         if sub is None:
-            return
+            return None
         self.close_window(name)  # before the pull: the advance it causes is checked at once
-        pulled = asyncio.ensure_future(anext(sub), loop=self.loop)
+        pulled = asyncio.ensure_future(
+            anext(sub) if size is None else sub.pull_batch(size), loop=self.loop
+        )
         self.settle()
         if not pulled.done():
             pulled.cancel()
             self.settle()
-            return
+            return None
         try:
-            copy = pulled.result()
-        except (AckGateError, StopAsyncIteration, asyncio.CancelledError):
+            result = pulled.result()
+        except (AckGateError, StopAsyncIteration, asyncio.CancelledError) as exc:
+            assume(not known_batch_room_bug(exc))
             self.on[name] = None
             self.failed.add(name)
-            return
-        self.on[name] = copy
-        self.handed[name].add(copy)
+            return None
+        if not isinstance(result, BoundBatch):
+            self.on[name] = result
+            self.handed[name].add(result)
+            return None
+        assert 1 <= len(result.events) <= size, result  # its windows closed at once
+        self.handed[name].update(result.events)
+        self.held[result.seq] = HeldBatch(name, list(result.events))
+        self.seqs.append(result.seq)
+        return result.seq
+
+    def confirmed(self, seqs: Sequence[int]) -> None:
+        """The model's part of ``confirm_persisted``: a held batch's member may have
+        acked every copy of it not rejected alone."""
+        for seq in seqs:
+            held = self.held.pop(seq, None)
+            if held is not None:
+                for index, copy in enumerate(held.copies):
+                    if index not in held.apart:
+                        self.closed_cleanly.setdefault(copy, set()).add(held.name)
+
+    @precondition(lambda self: self.held)
+    @rule(
+        data=st.data(),
+        how=st.sampled_from(["confirm", "reject_bound", "fail_bound", *["reject_in_batch"] * 3]),
+    )
+    def batch_resolved(self, data: st.DataObject, how: str) -> None:
+        """A held batch is confirmed, rejected, failed, or some of its copies are
+        rejected alone (``reject_in_batch``; indexes out of range are ignored)."""
+        manager = self.manager
+        assert manager is not None
+        seq = data.draw(st.sampled_from(sorted(self.held)))
+        held = self.held[seq]
+        size = len(held.copies)
+        out_of_range = st.sampled_from([-1, size, 10**6])
+        indexes = data.draw(st.lists(st.integers(0, size - 1) | out_of_range, max_size=3))
+
+        async def resolve() -> None:
+            if how == "confirm":
+                manager.confirm_persisted([seq])
+            elif how == "reject_bound":
+                manager.reject_bound([seq], "no")
+            elif how == "fail_bound":
+                manager.fail_bound([seq])
+            else:
+                manager.reject_in_batch(seq, indexes, "bad copy")
+
+        if how == "confirm":
+            self.confirmed([seq])
+        elif how == "reject_in_batch":
+            held.apart.update(index for index in indexes if 0 <= index < size)
+            if len(held.apart) == size:
+                del self.held[seq]
+        else:
+            del self.held[seq]
+        self.run(resolve())
+        self.settle()
 
     @rule()
     def supervisor_resubscribes_the_failed(self) -> None:
@@ -250,6 +382,7 @@ class RosterMachine(RuleBasedStateMachine):
             return
         seq = data.draw(st.sampled_from(self.seqs))
         manager = self.manager
+        self.confirmed([seq])
 
         async def confirm() -> None:
             manager.confirm_persisted([seq])
@@ -304,8 +437,11 @@ class RosterMachine(RuleBasedStateMachine):
 
     # -- liveness ------------------------------------------------------------------
 
-    @rule(redelivered=st.lists(st.integers(0, IDS - 1), max_size=3))
-    def everyone_keeps_pulling(self, redelivered: list[int]) -> None:
+    @rule(
+        redelivered=st.lists(st.integers(0, IDS - 1), max_size=3),
+        batchers=st.sets(st.sampled_from(ROSTER)),
+    )
+    def everyone_keeps_pulling(self, redelivered: list[int], batchers: set[str]) -> None:
         """From here, with every member attached, healthy and pulling, the stream moves.
 
         First the broker delivers ``redelivered`` copies and one new event; then two
@@ -313,7 +449,9 @@ class RosterMachine(RuleBasedStateMachine):
         and fill the queues) and another new one, which a poll waiting for room must
         still broadcast. Each time the group must be quiescent within a bounded
         number of pulls (``drive``), every copy delivered must be advanced as acked
-        by the whole roster, and each member handed the new event.
+        by the whole roster, and each member handed the new event. The ``batchers``
+        take what is queued for them with ``pull_batch`` and confirm each batch at
+        once; a batched broker delivers the two copies in one ``EventBatch``.
         """
         self.attach_everyone()
         assert self.manager is not None
@@ -321,10 +459,11 @@ class RosterMachine(RuleBasedStateMachine):
         fresh = self.fresh_id()
         first = [self.deliver(event_id) for event_id in redelivered]
         new = self.deliver(fresh)
-        self.drive([*first, new], f"copies {first} and a new event")
-        again = [self.deliver(fresh), self.deliver(fresh)]
+        self.drive([*first, new], f"copies {first} and a new event", batchers)
+        again = self.deliver_batch([fresh, fresh])
         newer = self.deliver(self.fresh_id())
-        self.drive([*again, newer], f"redelivered copies {again} that every member acked")
+        what = f"redelivered copies {again} that every member acked"
+        self.drive([*again, newer], what, batchers)
         handed = {name: sorted(self.handed[name] & set(again)) for name in ROSTER}
         assert not any(handed.values()), f"§13: acked copies handed again: {handed}"
 
@@ -338,23 +477,39 @@ class RosterMachine(RuleBasedStateMachine):
         for name in ROSTER:
             self.subscribe(name)
 
+    async def confirm_one(self, manager: SharedStreamManager, seq: int) -> None:
+        manager.confirm_persisted([seq])
+
     async def confirm_all(self, manager: SharedStreamManager) -> None:
+        self.confirmed(list(self.held))
         manager.confirm_persisted(self.seqs)  # stale numbers are ignored
 
-    def drive(self, delivered: list[tuple[int, int]], what: str) -> None:
+    def drive(
+        self, delivered: list[tuple[int, int]], what: str, batchers: Collection[str] = ()
+    ) -> None:
         """Every member pulls, turn after turn, until the group is quiescent.
 
         Quiescent: the producer waits for the broker (every copy delivered was
         broadcast), nothing broadcast is unadvanced, and the group is not paused.
         A turn is one pull per member, each followed by a few dozen loop turns
         (``settle``). Allowed: a turn per copy still at the producer or just
-        delivered, and ``SPARE_TURNS`` for what the members held or had queued.
+        delivered, and spare turns for what the members held or had queued, and for
+        a batch the poll took and holds.
         """
-        turns = self.copies - self.producer.yielded + len(delivered) + SPARE_TURNS
+        spare = 2 * self.queue_size + 4 + BATCH_MAX
+        turns = self.copies - self.producer.yielded + len(delivered) + spare
+        manager = self.manager
+        assert manager is not None
         for _ in range(turns):
             self.attach_everyone()
             for name in ROSTER:
-                self.pull(name)
+                if name not in batchers:
+                    self.pull(name)
+                    continue
+                seq = self.take(name, self.queue_size)
+                if seq is not None:
+                    self.confirmed([seq])
+                    self.run(self.confirm_one(manager, seq))
             if self.quiescent():
                 break
         else:
@@ -448,3 +603,54 @@ RosterMachine.TestCase.settings = settings(
     database=None,
 )
 test_rostered_random_interleavings = RosterMachine.TestCase
+
+
+def known_batch_room_bug(exc: BaseException) -> bool:
+    """The group ended on the bug ``test_a_batch_resumed_after_every_member_failed_...``
+    pins (an assertion in the batch poll): the example is discarded until it is fixed."""
+    cause = exc.__cause__
+    return (
+        isinstance(exc, StreamTerminated)
+        and isinstance(cause, AssertionError)
+        and "room for at least one event" in str(cause)
+    )
+
+
+class BatchingScriptedProducer(ScriptedProducer):
+    async def open_stream_batches(self) -> AsyncIterator[EventBatch]:
+        async for batch in ScriptedProducer.open_stream(self):
+            yield batch
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Group._broadcast_batch: when every member of a rostered group was "
+    "force-failed, _make_room returns at once (no active member) without refreshing "
+    "_min_cursor_hint; once the members are back, the run size is computed from the "
+    "stale hint (queue_size - (head - hint) <= 0) and `assert count > 0` ends the "
+    "group with StreamTerminated (the per-event poll resumes). Found by RosterMachine.",
+)
+async def test_a_batch_resumed_after_every_member_failed_with_full_queues_is_broadcast() -> None:
+    clock = FakeClock()
+    producer = BatchingScriptedProducer()
+    producer.feed_item(EventBatch(["e0", "e1"], [0, 1]))
+    roster = ("a", "b")
+    async with SharedStreamManager(
+        subscriber_queue_size=2, ack_timeout=10.0, clock=clock
+    ) as manager:
+        subs = {
+            name: manager.subscribe("k", name, producer=lambda: producer, roster=roster)
+            for name in roster
+        }
+        for _ in range(20):
+            await asyncio.sleep(0)
+        clock.advance(10.0)  # both owe e0 and e1 (full queues): force-failed, paused
+        producer.feed_item(EventBatch(["e2"], [2]))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        for name in roster:  # a supervisor subscribes them again: the group resumes
+            await subs[name].aclose()
+            subs[name] = manager.subscribe("k", name, producer=lambda: producer, roster=roster)
+        for name in roster:
+            async with subs[name] as sub:
+                assert await asyncio.wait_for(anext(sub), 5) == "e2"
