@@ -20,23 +20,24 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def start_up(kind: str, *flags: str) -> tuple[subprocess.Popen[str], dict[str, str]]:
     """Start ``up kind``; return the process and the variables it printed."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "ackgate.testing.brokers", "up", kind, *flags],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=clean_env(),
-        # A CI script run in the background inherits an ignored SIGINT (POSIX shells
-        # ignore it for asynchronous jobs), and Python keeps it ignored: give the
-        # child Ctrl-C back, as a terminal user has it.
-        preexec_fn=_default_sigint,
-    )
+    # A CI script run in the background inherits an ignored SIGINT (POSIX shells ignore
+    # it for asynchronous jobs), and a child would keep it ignored. Handled here while
+    # the child starts, it is reset to the default in the child by exec: Ctrl-C works
+    # there as for a terminal user. (Not ``preexec_fn``: forking with gRPC's threads
+    # running, from the Pub/Sub tests, aborts the child.)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ackgate.testing.brokers", "up", kind, *flags],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean_env(),
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert process.stdout is not None
     exported: dict[str, str] = {}
     deadline = time.monotonic() + 240
