@@ -625,20 +625,8 @@ class Group:
         """``_broadcast`` for events ``start..stop`` of one lane, with one clock reading
         and one wake-up for all of them. The caller made room for every one."""
         tracker = self.tracker
-        lanes = tracker.lanes
-        lane = lanes.get(lane_key)  # TypeError if unhashable: ends the group
-        if lane is None:
-            lane = lanes[lane_key] = Lane(lane_key)
-        now = self.clock()
+        lane, now, snapshot = self._about_to_broadcast(lane_key)
         unresolved = self.unresolved
-        if (
-            unresolved
-            and now - unresolved[0].broadcast_at >= self.ack_timeout
-            and self.roster is None  # rostered: ``_until_healthy`` expired them
-        ):
-            self.expire()  # before the snapshots: the expired are not in them
-        snapshot = len(self.active)
-        assert self.roster is None or snapshot == len(self.roster), "snapshot is the roster"
         timer_idle = not unresolved
         log = self.log
         entries = log.entries
@@ -667,12 +655,36 @@ class Group:
             wakeup = self._timer_wakeup
             if wakeup is not None and not wakeup.done():
                 wakeup.set_result(None)
+        self._wake_waiters()
+
+    def _about_to_broadcast(self, lane_key: Hashable) -> tuple[Lane, float, int]:
+        """Ack mode, before broadcasting events of ``lane_key``: their lane, their
+        broadcast instant and their snapshot size. Expires what fell due first, so the
+        expired are not in the snapshot."""
+        lanes = self.tracker.lanes
+        lane = lanes.get(lane_key)  # TypeError if unhashable: ends the group
+        if lane is None:
+            lane = lanes[lane_key] = Lane(lane_key)
+        now = self.clock()
+        unresolved = self.unresolved
+        if (
+            unresolved
+            and now - unresolved[0].broadcast_at >= self.ack_timeout
+            and self.roster is None  # rostered: ``_until_healthy`` expired them
+        ):
+            self.expire()
+        snapshot = len(self.active)
+        assert self.roster is None or snapshot == len(self.roster), "snapshot is the roster"
+        return lane, now, snapshot
+
+    def _wake_waiters(self) -> None:
+        """New events are in the log: every pull waiting for one looks again."""
         waiters = self.waiters
         if waiters:
             for waiter in waiters:
                 if not waiter.done():
                     waiter.set_result(None)
-            waiters.clear()
+            waiters.clear()  # each pull also discards its own: see ``waiters``
 
     def _broadcast(
         self, raw: Any, payload: Any, lane_key: Hashable, event_id: Hashable = None
@@ -681,20 +693,8 @@ class Group:
         log = self.log
         if self.ack_mode:
             tracker = self.tracker
-            lanes = tracker.lanes
-            lane = lanes.get(lane_key)  # TypeError if unhashable: ends the group
-            if lane is None:
-                lane = lanes[lane_key] = Lane(lane_key)
-            now = self.clock()
+            lane, now, snapshot = self._about_to_broadcast(lane_key)
             unresolved = self.unresolved
-            if (
-                unresolved
-                and now - unresolved[0].broadcast_at >= self.ack_timeout
-                and self.roster is None  # rostered: ``_until_healthy`` expired them
-            ):
-                self.expire()  # before the snapshot: the expired are not in it
-            snapshot = len(self.active)
-            assert self.roster is None or snapshot == len(self.roster), "snapshot is the roster"
             cell = None if event_id is None else self.redelivery.cells((event_id,))[0]
             event = Event(log.head, raw, payload, lane, snapshot, now, cell)
             if cell is not None and cell[0] and snapshot:
@@ -714,12 +714,7 @@ class Group:
         log.append(event)
         if snapshot and log.head - self._min_cursor_hint > self._queue_size:
             self._fail_overflowing(event)
-        waiters = self.waiters
-        if waiters:
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
-            waiters.clear()  # each pull also discards its own: see ``waiters``
+        self._wake_waiters()
 
     def _carry_over(self, event: Event, acked_before: int) -> None:
         """A redelivered copy: who acked an earlier copy is counted acked at once."""

@@ -190,18 +190,9 @@ class Subscription:
         seq = self.bind()
         assert seq is not None, "an event just handed out is this subscriber's to bind"
         pulled = [(raw, seq)]
-        log = group.log
         outputs = self._outputs
         bind = self._registry.bind
-        # The hand-out below mirrors ``__anext__``'s (kept inline there: the hot path).
-        while len(pulled) < max_events and self._cursor < log.head:
-            event = log.entries[self._cursor - log.base]
-            self._cursor += 1
-            event.undelivered -= 1
-            if event.undelivered == 0:
-                log.trim()
-            if event.skipped and self._skips(event):
-                continue  # counted acked at broadcast: it acked an earlier copy
+        for event in self._take_queued(max_events - 1):
             current = self._current
             assert current is not None and current in outputs, "the open window is bound"
             self._close_window(current)  # unresolved until its output resolves
@@ -209,8 +200,6 @@ class Subscription:
             self._current_resolved = False
             outputs[event] = 1
             pulled.append((event.raw, bind(self, event)))
-        if group.blocked:
-            group.room.set()
         return pulled
 
     async def pull_batch(self, max_events: int) -> BoundBatch:
@@ -248,27 +237,37 @@ class Subscription:
         first = self._current
         assert first is not None and not self._current_resolved, "a pull opens a window"
         self._current = None  # closed at once: the batch binding holds the event
-        events = [first]
-        log = group.log
-        cursor = self._cursor
-        count = min(log.head - cursor, max_events - 1)
-        if count > 0:
-            # The hand-out below mirrors ``__anext__``'s, one loop step per event.
-            start = cursor - log.base
-            self._cursor = cursor + count
-            bit = self._bit
-            for event in islice(log.entries, start, start + count):
-                event.undelivered -= 1
-                skipped = event.skipped
-                if skipped and bit is not None and skipped >> bit & 1:
-                    continue  # counted acked at broadcast: it acked an earlier copy
-                events.append(event)
-            log.trim()
-            if group.blocked:
-                group.room.set()
+        events = [first, *self._take_queued(max_events - 1)]
         binding = BatchBinding(events)
         self._batches[binding] = None
         return BoundBatch([event.raw for event in events], self._registry.bind(self, binding))
+
+    def _take_queued(self, limit: int) -> list[Event]:
+        """Up to ``limit`` events already queued for this subscriber, in stream order,
+        for a bulk hand-out; the cursor moves past them and past the copies it passes
+        (counted acked at broadcast: it acked an earlier copy). Mirrors the hand-out
+        of ``__anext__`` (kept inline there: the hot path), one loop step per event."""
+        group = self._group
+        log = group.log
+        taken: list[Event] = []
+        if limit <= 0 or self._cursor == log.head:
+            return taken
+        bit = self._bit
+        passed = 0
+        for event in islice(log.entries, self._cursor - log.base, None):
+            if len(taken) == limit:
+                break
+            passed += 1
+            event.undelivered -= 1
+            skipped = event.skipped
+            if skipped and bit is not None and skipped >> bit & 1:
+                continue
+            taken.append(event)
+        self._cursor += passed
+        log.trim()
+        if group.blocked:
+            group.room.set()  # a poll waiting for room may wait for exactly this cursor
+        return taken
 
     async def wait_failed(self) -> Exception:
         """Wait until a pull would raise instead of handing out an event, and return

@@ -36,3 +36,11 @@ async def turn(times: int = 20) -> None:
 def outcomes(producer: ScriptedProducer) -> dict[Any, AdvanceOutcome]:
     """Every advanced event's outcome, by broker payload."""
     return {item.broker_payload: item.outcome for batch in producer.batches for item in batch}
+
+
+def fed(count: int) -> ScriptedProducer:
+    """A producer fed ``count`` events: raw ``"e<n>"``, payload ``n``, one lane."""
+    producer = ScriptedProducer()
+    for n in range(count):
+        producer.feed(f"e{n}", n)
+    return producer

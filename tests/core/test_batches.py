@@ -21,14 +21,7 @@ from ackgate import (
 )
 from ackgate.testing import FakeClock, ScriptedProducer
 
-from .conftest import outcomes, turn
-
-
-def fed(count: int) -> ScriptedProducer:
-    producer = ScriptedProducer()
-    for n in range(count):
-        producer.feed(f"e{n}", n)
-    return producer
+from .conftest import fed, outcomes, turn
 
 
 class BatchingProducer(ScriptedProducer):

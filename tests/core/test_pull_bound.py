@@ -10,14 +10,7 @@ import pytest
 from ackgate import AckTimeout, AdvanceOutcome, SharedStreamManager, StreamTerminated
 from ackgate.testing import FakeClock, ScriptedProducer
 
-from .conftest import outcomes, turn
-
-
-def fed(count: int) -> ScriptedProducer:
-    producer = ScriptedProducer()
-    for n in range(count):
-        producer.feed(f"e{n}", n)
-    return producer
+from .conftest import fed, outcomes, turn
 
 
 async def test_pull_bound_hands_out_what_is_queued_with_one_ticket_each(
