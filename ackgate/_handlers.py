@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Awaitable, Callable
@@ -91,6 +92,7 @@ def check_spec(
             f"handler {handler_id!r}: concurrent batches (concurrency={concurrency}) are not "
             f'kept in stream order: pass ordering="none", or concurrency=1'
         )
+    _check_takes_one_argument(handler_id, function, batched=batch_size > 1)
     assert callable(function)
     return HandlerSpec(
         id=handler_id,
@@ -109,6 +111,35 @@ def _is_async_function(function: object) -> bool:
     return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
         type(function).__call__
     )
+
+
+def _check_takes_one_argument(handler_id: str, function: object, *, batched: bool) -> None:
+    """Refuse a function that cannot be called with one positional argument (the
+    message, or the list of them), at decoration rather than at its first call."""
+    assert callable(function)
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # no signature to read (some C callables): trust it
+        return
+    try:
+        signature.bind(None)
+    except TypeError as error:
+        takes = "a list of Message (a batch handler)" if batched else "one Message"
+        empty = inspect.Parameter.empty
+        shown = signature.replace(
+            parameters=[p.replace(annotation=empty) for p in signature.parameters.values()],
+            return_annotation=empty,
+        )
+        raise TypeError(
+            f"handler {handler_id!r}: {_name(function)}{shown} cannot be called with "
+            f"{takes} as its only argument ({error})"
+        ) from None
+
+
+def _name(function: object) -> str:
+    if isinstance(function, functools.partial):
+        return f"functools.partial({_name(function.func)})"
+    return getattr(function, "__qualname__", None) or type(function).__qualname__
 
 
 def _positive_int(name: str, value: object) -> int:

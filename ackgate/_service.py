@@ -85,6 +85,13 @@ class Service:
             hash(key)
         except TypeError:
             raise ValueError(f"key must be hashable, got {type(key).__name__}") from None
+        # The key names the service in every log line and in stats: it must say something.
+        if isinstance(key, str | bytes) and not key.strip():
+            raise ValueError(f"key must not be empty or blank, got {key!r}")
+        if isinstance(key, str) and not key.isprintable():
+            raise ValueError(
+                f"key must be printable (no newline or control character), got {key!r}"
+            )
         if isinstance(producer, SharedStreamProducer) or not callable(producer):
             raise TypeError(
                 "producer must be a zero-argument factory returning a SharedStreamProducer "
@@ -169,6 +176,15 @@ class Service:
         ``RuntimeError``. Invalid options are a ``ValueError`` (``TypeError`` for a
         function that is not ``async def``, or ``retry`` not a ``Retry``).
         """
+        if callable(handler_id):
+            # ``@service.handler`` without parentheses. The id is a roster member's
+            # name: messages wait for it and brokers' commit state may be kept under
+            # it, so it is never guessed from a function name a refactor may change.
+            raise TypeError(
+                "@service.handler needs a handler id: write "
+                f"@service.handler({getattr(handler_id, '__name__', 'my_handler')!r}) above "
+                f"{handler_id!r}, with an id that stays the same across deploys"
+            )
 
         def register(function: F) -> F:
             if self._state != "new":
