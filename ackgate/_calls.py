@@ -17,7 +17,7 @@ import asyncio
 import contextvars
 import logging
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ackgate._handlers import HandlerCounters, HandlerSpec
@@ -76,9 +76,15 @@ class Calls:
     """
 
     def __init__(
-        self, spec: HandlerSpec, manager: SharedStreamManager, counters: HandlerCounters
+        self,
+        spec: HandlerSpec,
+        manager: SharedStreamManager,
+        counters: HandlerCounters,
+        on_exit: Callable[[BaseException], None],
     ) -> None:
         self._spec = spec
+        #: Told of a KeyboardInterrupt or SystemExit a call raised (the service stops).
+        self._on_exit = on_exit
         self._manager = manager
         #: ``manager.confirm_persisted`` without its argument check and thread
         #: hand-off: calls run on the manager's loop, and tickets are lists of ints.
@@ -228,15 +234,19 @@ class Calls:
         attempt = 1
         while True:
             try:
-                result = await spec.function(job.argument)
-                rejects = _batch_rejects(spec, result) if spec.batched else None
+                rejects = self._result(await spec.function(job.argument))
             except Reject as reject:
                 job.resolved = True
                 self._manager.reject_bound(job.seqs, reason=reject.reason)
                 counters.rejected += len(job.messages)
                 logger.info("handler %r rejected %s: %s", spec.id, _describe(job), reject.reason)
                 return
-            except Exception as exc:
+            except (Exception, asyncio.CancelledError) as exc:
+                if isinstance(exc, asyncio.CancelledError) and _cancelling():
+                    raise  # this call is cancelled (stop, ack timeout, the loop's teardown)
+                # A CancelledError the handler's own code raised (a future it awaited
+                # was cancelled) is a failure of this call like any other: retried, then
+                # failed, and the lane goes on (SPEC §15).
                 if attempt < retry.attempts:
                     delay = retry.delay(attempt)
                     logger.warning(
@@ -264,6 +274,23 @@ class Calls:
                     exc_info=exc,
                 )
                 return
+            except BaseException as exc:  # KeyboardInterrupt, SystemExit: stop the service
+                # Not re-raised here: out of a task it would leave the event loop at
+                # once, before anything stopped. The service stops gracefully, then
+                # run() raises it.
+                job.resolved = True
+                self._manager.fail_bound(job.seqs)
+                counters.failed += len(job.messages)
+                logger.error(
+                    "handler %r raised %r on %s; the service stops (the message is "
+                    "redelivered), then run() raises it",
+                    spec.id,
+                    exc,
+                    _describe(job),
+                    exc_info=exc,
+                )
+                self._on_exit(exc)
+                return
             job.resolved = True
             if rejects:
                 self._resolve_batch(job, rejects)
@@ -271,6 +298,35 @@ class Calls:
                 self._confirm(job.seqs)
                 counters.handled += len(job.messages)
             return
+
+    def _result(self, result: object) -> dict[str, Reject] | None:
+        """What a call returned: ``None`` acks, a ``Reject`` is raised, a batch
+        handler's ``{message id: Reject}`` is returned; anything else is a
+        ``TypeError`` naming the handler, logged at ERROR the first time."""
+        if result is None:
+            return None
+        if isinstance(result, Reject):
+            raise result
+        spec = self._spec
+        if spec.batched:
+            if isinstance(result, dict) and all(isinstance(v, Reject) for v in result.values()):
+                return result
+            expected = (
+                "None (ack all) or a dict of message id -> Reject (reject those, ack the rest)"
+            )
+        else:
+            expected = "None (ack) or a Reject (reject)"
+        error = TypeError(
+            f"handler {spec.id!r} returned {type(result).__name__}; it must return {expected}"
+        )
+        if not self._counters.bad_return_logged:
+            self._counters.bad_return_logged = True
+            logger.error(
+                "%s. Each call that returns anything else fails (retried per its retry, "
+                "then the broker redelivers the message); logged once per handler",
+                error,
+            )
+        raise error
 
     def _resolve_batch(self, job: Job, rejects: dict[str, Reject]) -> None:
         """A batch handler returned rejects: reject those messages, ack the rest."""
@@ -311,16 +367,9 @@ class Calls:
             )
 
 
-def _batch_rejects(spec: HandlerSpec, result: object) -> dict[str, Reject] | None:
-    """A batch handler's result: ``None`` (ack all) or ``{message id: Reject}``."""
-    if result is None:
-        return None
-    if isinstance(result, dict) and all(isinstance(v, Reject) for v in result.values()):
-        return result
-    raise TypeError(
-        f"batch handler {spec.id!r} returned {type(result).__name__}; return None (ack all) "
-        "or a dict of message id -> Reject (reject those, ack the rest)"
-    )
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _describe(job: Job) -> str:

@@ -182,6 +182,7 @@ class HandlerCounters:
     """The live counters behind :class:`HandlerStats`. Invariant: every field >= 0."""
 
     __slots__ = (
+        "bad_return_logged",
         "failed",
         "handled",
         "in_progress",
@@ -200,6 +201,8 @@ class HandlerCounters:
         #: The handler's latest subscription; its group counts the skipped copies.
         self.live: Subscription | None = None
         self.skipped_in_ended_groups = 0
+        #: Set once a call returned something it must not: that is logged once.
+        self.bad_return_logged = False
 
     def subscribed(self, subscription: Subscription) -> None:
         """Caller: the handler's worker, after each ``subscribe``. A group counts

@@ -7,7 +7,9 @@ gracefully (``stop(timeout=--shutdown-timeout)``); a second one stops them at on
 (their ``run()`` is cancelled: calls in progress fail and are redelivered).
 
 Exit status: 0 after a graceful stop; 1 when a service failed, or a second signal
-cut the stop short; 2 for a bad target (one line on stderr, no traceback).
+cut the stop short; 2 for a bad target (one line on stderr, no traceback). A
+handler that raises ``SystemExit`` (``sys.exit(code)``) or ``KeyboardInterrupt``
+stops every service gracefully, then the process exits as that exception asks.
 """
 
 from __future__ import annotations
@@ -146,10 +148,11 @@ async def serve(services: Sequence[Service], shutdown_timeout: float) -> int:
     """
     loop = asyncio.get_running_loop()
     runs = [
-        loop.create_task(service.run(), name=f"ackgate run {service.key!r}") for service in services
+        loop.create_task(_run(service), name=f"ackgate run {service.key!r}") for service in services
     ]
     stopping: asyncio.Task[Any] | None = None
     forced = False
+    exit_: BaseException | None = None
 
     def stop_all(reason: str) -> None:
         nonlocal stopping, forced
@@ -180,8 +183,12 @@ async def serve(services: Sequence[Service], shutdown_timeout: float) -> int:
                 if error is not None:
                     failed = True
                     logger.error("%s failed", run.get_name(), exc_info=error)
+                elif exit_ is None:
+                    exit_ = run.result()
             if failed and stopping is None:
                 stop_all("a service failed")
+            if exit_ is not None and stopping is None:
+                stop_all(f"a handler raised {exit_!r}")
         if stopping is not None:
             await asyncio.gather(stopping, return_exceptions=True)
     finally:
@@ -189,7 +196,20 @@ async def serve(services: Sequence[Service], shutdown_timeout: float) -> int:
         for run in runs:
             run.cancel()
         await asyncio.gather(*runs, return_exceptions=True)
+    if exit_ is not None:
+        raise exit_  # the process exits as the handler asked (SystemExit's code)
     return 1 if failed or forced else 0
+
+
+async def _run(service: Service) -> BaseException | None:
+    """``service.run()``; a KeyboardInterrupt or SystemExit from a handler is returned,
+    not raised: raised out of a task it would leave the event loop at once, before
+    the other services stopped."""
+    try:
+        await service.run()
+    except (KeyboardInterrupt, SystemExit) as exit_:
+        return exit_
+    return None
 
 
 async def _stop_all(services: Sequence[Service], seconds: float) -> None:

@@ -28,7 +28,7 @@ from ackgate._manager import SharedStreamManager
 from ackgate._producer import SharedStreamProducer
 from ackgate._retry import Retry
 from ackgate._stats import GroupStats
-from ackgate._worker import HandlerWorker
+from ackgate._worker import DEFAULT_STOP_TIMEOUT, HandlerWorker
 
 logger = logging.getLogger("ackgate.service")
 
@@ -135,6 +135,9 @@ class Service:
         self._stopping: asyncio.Event | None = None
         #: Resolved when ``run()`` has returned (or raised).
         self._finished: asyncio.Future[None] | None = None
+        #: The first KeyboardInterrupt or SystemExit a handler raised: the service
+        #: stops, then ``run()`` raises it.
+        self._exit: BaseException | None = None
 
     def __repr__(self) -> str:
         return f"<Service key={self.key!r} handlers={list(self._specs)} state={self._state}>"
@@ -237,6 +240,7 @@ class Service:
                 factory=self._factory,
                 roster=roster,
                 counters=self._counters[spec.id],
+                on_exit=self._handler_exited,
             )
             for spec in self._specs.values()
         ]
@@ -251,6 +255,14 @@ class Service:
                     await self._manager.aclose()
             finally:
                 self._finished.set_result(None)
+        if self._exit is not None:
+            raise self._exit
+
+    def _handler_exited(self, exit_: BaseException) -> None:
+        """Caller: a handler call that raised KeyboardInterrupt or SystemExit."""
+        if self._exit is None:
+            self._exit = exit_
+        self._request_stop(DEFAULT_STOP_TIMEOUT)
 
     async def _supervise(self) -> None:
         assert self._stopping is not None
@@ -317,14 +329,18 @@ class Service:
         """
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
             raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
+        self._request_stop(timeout)
+        if self._finished is not None:
+            await asyncio.shield(self._finished)
+
+    def _request_stop(self, timeout: float) -> None:
+        """The first stop request sets the deadline; later ones change nothing."""
         if self._stop_at is None:
             self._stop_at = asyncio.get_running_loop().time() + timeout
             for worker in self._workers:
-                worker.stop(self._stop_at)
+                worker.stop(self._stop_at, timeout)
             if self._stopping is not None:
                 self._stopping.set()
-        if self._finished is not None:
-            await asyncio.shield(self._finished)
 
     # -- observing -----------------------------------------------------------------
 

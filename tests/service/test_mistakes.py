@@ -115,3 +115,170 @@ def test_signatures_that_take_one_message_are_accepted() -> None:
 def test_a_key_that_names_nothing_is_refused(key: Any, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         Service(key, producer=make)
+
+
+# -- while running ---------------------------------------------------------------------
+
+
+async def test_a_returned_reject_rejects_with_its_reason(running: Any) -> None:
+    scripted = ScriptedProducer()
+    scripted.feed(b"torn", "p0")
+    service = Service("k", producer=lambda: scripted)
+    calls = 0
+
+    @service.handler("auditor", retry=Retry(attempts=3, backoff=0.0, max_backoff=0.0))
+    async def audit(message: Message) -> Reject:
+        nonlocal calls
+        calls += 1
+        return Reject("not JSON")
+
+    async with running(service):
+        await scripted.wait_advanced(1)
+    assert outcomes(scripted)["p0"] == AdvanceOutcome(0, 0, 1, ("auditor: not JSON",))
+    assert calls == 1  # never retried
+    assert service.stats().handlers["auditor"].rejected == 1
+
+
+async def test_returning_a_value_fails_the_call_naming_the_handler(
+    running: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    scripted = ScriptedProducer()
+    for n in range(3):
+        scripted.feed(b"%d" % n, n)
+    service = Service("k", producer=lambda: scripted)
+
+    @service.handler("indexer", retry=Retry(attempts=2, backoff=0.0, max_backoff=0.0))
+    async def index(message: Message) -> bool:
+        return True  # meant as "ok"
+
+    async with running(service):
+        await scripted.wait_advanced(3)
+    assert all(o == AdvanceOutcome(0, 1, 0) for o in outcomes(scripted).values())
+    stats = service.stats().handlers["indexer"]
+    assert (stats.handled, stats.retried, stats.failed) == (0, 3, 3)
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1  # once per handler, not once per call
+    assert "handler 'indexer' returned bool; it must return None (ack) or a Reject" in (
+        errors[0].getMessage()
+    )
+    failures = [r.getMessage() for r in caplog.records if "after 2 attempt(s)" in r.getMessage()]
+    assert len(failures) == 3 and all("TypeError" in line for line in failures)
+
+
+async def test_a_batch_handler_returning_a_list_fails_the_batch(
+    running: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    scripted = ScriptedProducer()
+    for n in range(3):
+        scripted.feed(b"%d" % n, n)
+    service = Service("k", producer=lambda: scripted)
+
+    @service.handler("bulk", batch_size=3, batch_wait=5.0)
+    async def bulk(messages: list[Message]) -> list[Message]:
+        return messages
+
+    async with running(service):
+        await scripted.wait_advanced(3)
+    assert all(o == AdvanceOutcome(0, 1, 0) for o in outcomes(scripted).values())
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "handler 'bulk' returned list; it must return None" in errors[0]
+
+
+async def test_cancelled_error_raised_by_the_handler_is_a_failure_and_the_lane_goes_on(
+    running: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    scripted = ScriptedProducer()  # one lane: each waits for the one before
+    for n in range(40):  # more than the handler holds at once
+        scripted.feed(b"%d" % n, n)
+    service = Service("k", producer=lambda: scripted)
+    calls: list[bytes] = []
+
+    @service.handler("h", retry=Retry(attempts=2, backoff=0.0, max_backoff=0.0))
+    async def handle(message: Message) -> None:
+        calls.append(message.body)
+        if message.body == b"0":
+            raise asyncio.CancelledError  # e.g. a client library's cancelled future
+        if message.body == b"1" and calls.count(b"1") == 1:
+            raise asyncio.CancelledError  # its retry succeeds
+
+    async with running(service):
+        await scripted.wait_advanced(40)
+    assert outcomes(scripted)[0] == AdvanceOutcome(0, 1, 0)
+    assert all(outcomes(scripted)[n].is_clean for n in range(1, 40))
+    stats = service.stats().handlers["h"]
+    assert (stats.handled, stats.failed, stats.retried) == (39, 1, 2)
+    assert "handler 'h' failed on message id=" in caplog.text and "CancelledError" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "exit_", [SystemExit(3), KeyboardInterrupt()], ids=["SystemExit", "KeyboardInterrupt"]
+)
+async def test_system_exit_in_a_handler_stops_gracefully_then_leaves_run(
+    exit_: BaseException, caplog: pytest.LogCaptureFixture
+) -> None:
+    scripted = ScriptedProducer(lane=lambda payload: payload)
+    scripted.feed(b"slow", 0)
+    scripted.feed(b"exit", 1)
+    scripted.feed(b"later", 2)
+    service = Service("k", producer=lambda: scripted)
+    slow_started = asyncio.Event()
+    exited = asyncio.Event()
+    handed: list[bytes] = []
+
+    @service.handler("slow", concurrency=3)
+    async def slow(message: Message) -> None:
+        handed.append(message.body)
+        if message.body == b"slow":
+            slow_started.set()
+            await exited.wait()  # a call in progress when the service stops: it finishes
+
+    @service.handler("exits")
+    async def exits(message: Message) -> None:
+        await slow_started.wait()
+        if message.body == b"exit":
+            exited.set()
+            raise exit_
+
+    async with asyncio.timeout(10):
+        with pytest.raises(type(exit_)) as raised:
+            await service.run()
+    assert raised.value is exit_
+    assert outcomes(scripted)[0].is_clean  # both finished it: advanced
+    assert outcomes(scripted)[1] == AdvanceOutcome(1, 1, 0)  # failed by "exits": redelivered
+    assert 2 not in outcomes(scripted) or outcomes(scripted)[2].failed
+    assert scripted.closed == 1 and service.stats().state == "stopped"
+    assert f"handler 'exits' raised {exit_!r} on message id=1; the service stops" in caplog.text
+
+
+class _StuckAdvance(ScriptedProducer):
+    """Its advances never return (a broker that stopped answering)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.advancing = asyncio.Event()
+
+    async def advance(self, batch: Any) -> None:
+        self.advancing.set()
+        await asyncio.Event().wait()
+
+
+async def test_the_groups_stop_is_bounded_when_an_advance_hangs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stuck = _StuckAdvance()
+    stuck.feed(b"one", 0)
+    service = Service("k", producer=lambda: stuck)
+
+    @service.handler("h")
+    async def handle(message: Message) -> None:
+        pass
+
+    async with asyncio.timeout(10):
+        run = asyncio.create_task(service.run())
+        await stuck.advancing.wait()
+        await service.stop(timeout=0)  # the final stop still gets a second
+        await run
+    assert stuck.closed == 1
+    assert "service 'k': the group's stop (its final advances, closing the producer) took" in (
+        caplog.text
+    )
