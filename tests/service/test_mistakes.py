@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -282,3 +287,108 @@ async def test_the_groups_stop_is_bounded_when_an_advance_hangs(
     assert "service 'k': the group's stop (its final advances, closing the producer) took" in (
         caplog.text
     )
+
+
+# -- as a process ----------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+
+MAIN_RAISES = """
+import asyncio
+import atexit
+import json
+
+from ackgate import Message, Service
+from ackgate.adapters.memory import MemoryBroker, MemoryStreamProducer
+
+broker = MemoryBroker()
+broker.create_topic("orders", partitions=4)
+for n in range(2000):
+    broker.publish("orders", b"m%d" % n)
+service = Service("orders", producer=lambda: MemoryStreamProducer(broker, "orders", "app"))
+handled = {"slow": set(), "bulk": set()}
+busy = asyncio.Event()
+
+
+@service.handler("slow", concurrency=4)
+async def slow(message: Message) -> None:
+    await asyncio.sleep(0.001)
+    handled["slow"].add(message.id)
+    if len(handled["slow"]) > 100:
+        busy.set()
+
+
+@service.handler("bulk", batch_size=50, batch_wait=0.01)
+async def bulk(messages: list[Message]) -> None:
+    handled["bulk"].update(message.id for message in messages)
+
+
+@atexit.register
+def report() -> None:
+    both = handled["slow"] & handled["bulk"]
+    print("committed", json.dumps(broker.committed("orders", "app")), flush=True)
+    print("handled", json.dumps(sorted(both)), flush=True)
+
+
+async def main() -> None:
+    asyncio.create_task(service.run())
+    await busy.wait()
+    raise RuntimeError("the user's own bug")
+
+
+asyncio.run(main())
+"""
+
+EXITS = """
+import sys
+
+from ackgate import Message, Service
+from ackgate.adapters.memory import MemoryBroker, MemoryStreamProducer
+
+broker = MemoryBroker()
+broker.create_topic("orders")
+for n in range(10):
+    broker.publish("orders", b"m%d" % n)
+service = Service("orders", producer=lambda: MemoryStreamProducer(broker, "orders", "app"))
+
+
+@service.handler("migrator")
+async def migrate(message: Message) -> None:
+    if message.body == b"m5":
+        sys.exit(3)
+"""
+
+
+def _python(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,  # a regression fails instead of hanging
+    )
+
+
+def test_an_exception_in_main_tears_down_within_bounds_and_is_the_one_shown(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "app.py").write_text(MAIN_RAISES)
+    done = _python(tmp_path, "app.py")
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.count("Traceback") == 1, done.stderr
+    assert done.stderr.rstrip().endswith("RuntimeError: the user's own bug"), done.stderr
+    assert "Task was destroyed" not in done.stderr
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    committed = {int(p): offset for p, offset in json.loads(lines["committed"]).items()}
+    handled = set(json.loads(lines["handled"]))
+    for partition, offset in committed.items():  # nothing committed that one did not handle
+        assert {f"orders/{partition}/{n}" for n in range(offset)} <= handled, partition
+
+
+def test_sys_exit_in_a_handler_is_the_exit_status_of_ackgate_run(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text(EXITS)
+    done = _python(tmp_path, "-m", "ackgate", "run", "app:service")
+    assert done.returncode == 3, done.stderr
+    assert "handler 'migrator' raised SystemExit(3) on message id=orders/0/5" in done.stderr
+    assert "a handler raised SystemExit(3): stopping gracefully" in done.stderr
