@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+import ackgate._worker
 from ackgate import AdvanceOutcome, Message, Reject, Retry, Service
 from ackgate.testing import ScriptedProducer
 
@@ -287,6 +288,29 @@ async def test_the_groups_stop_is_bounded_when_an_advance_hangs(
     assert "service 'k': the group's stop (its final advances, closing the producer) took" in (
         caplog.text
     )
+
+
+async def test_a_hard_stop_bounds_the_groups_stop_by_the_default_stop_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``run()`` cancelled with no ``stop()`` first (asyncio.run() tearing down): the
+    group's stop gets ``stop()``'s default timeout (30 s, shortened here)."""
+    monkeypatch.setattr(ackgate._worker, "DEFAULT_STOP_TIMEOUT", 0.0)
+    stuck = _StuckAdvance()
+    stuck.feed(b"one", 0)
+    service = Service("k", producer=lambda: stuck)
+
+    @service.handler("h")
+    async def handle(message: Message) -> None:
+        pass
+
+    async with asyncio.timeout(10):
+        run = asyncio.create_task(service.run())
+        await stuck.advancing.wait()
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+    assert stuck.closed == 1 and service.stats().state == "stopped"
 
 
 # -- as a process ----------------------------------------------------------------------
