@@ -59,6 +59,9 @@ class Service:
     """Handlers that each see every message of one stream; the broker advanced only
     once all of them acked or rejected it.
 
+    ``key`` names the service's group (in logs and stats): any hashable but
+    ``None``; a ``str`` or ``bytes`` key must not be empty or blank, and a ``str``
+    must be printable (no newline), else ``ValueError``.
     ``producer`` is a zero-argument factory returning a :class:`SharedStreamProducer`
     (called once per group life, so again after each restart). ``options`` are
     :class:`SharedStreamManager` arguments, used when the service makes its own
@@ -178,6 +181,26 @@ class Service:
         Ids are unique (``ValueError``); registering once ``run()`` started is a
         ``RuntimeError``. Invalid options are a ``ValueError`` (``TypeError`` for a
         function that is not ``async def``, or ``retry`` not a ``Retry``).
+
+        Mistakes are never silent:
+
+        * ``@service.handler`` without parentheses is a ``TypeError`` at once: the
+          id names the handler in the roster (every message waits for it), so it
+          is never guessed from the function's name, which a refactor may change.
+        * A function that cannot be called with one positional argument (``async
+          def h()``, ``async def h(message, context)``) is a ``TypeError`` at
+          decoration, naming its signature.
+        * Returning a ``Reject`` is the same as raising it. Returning anything else
+          (other than ``None``, or a batch handler's dict) fails the call with a
+          ``TypeError`` naming the handler, logged at ERROR the first time; the
+          call is retried per ``retry``, then the message is redelivered.
+        * A ``CancelledError`` the handler's own code raises (a future it awaited
+          was cancelled) is a failure of that call like any other; only a stop, an
+          ack timeout or the event loop's teardown cancels a call.
+        * ``KeyboardInterrupt`` or ``SystemExit`` (``sys.exit()``) raised in a
+          handler fails that call's messages (they are redelivered), stops the
+          service gracefully (as ``stop()`` with its default timeout), then
+          ``run()`` raises it, so the process exits (with ``SystemExit``'s code).
         """
         if callable(handler_id):
             # ``@service.handler`` without parentheses. The id is a roster member's
@@ -222,7 +245,15 @@ class Service:
 
         Cancellation is a hard stop: calls in progress are cancelled (their events
         fail and are redelivered), what was already resolved is advanced, the
-        producer is closed, then ``CancelledError`` propagates.
+        producer is closed, then ``CancelledError`` propagates. The group's stop
+        (final advances, closing the producer) gets the timeout of a ``stop()``
+        called before, else 30 s; past it, the advances still in flight are
+        cancelled (their events are redelivered). So when ``asyncio.run(main())``
+        tears down because ``main()`` raised, the teardown ends in bounded time and
+        ``main()``'s exception is the one that propagates.
+
+        A ``KeyboardInterrupt`` or ``SystemExit`` raised by a handler stops the
+        service gracefully, then propagates from here.
         """
         if not self._specs:
             raise ValueError(f"service {self.key!r} has no handler: register one with @handler")
@@ -321,6 +352,10 @@ class Service:
         No new message is handed to a handler; calls in progress get up to
         ``timeout`` seconds to finish, then are cancelled. What finished is
         advanced, the rest is left to broker redelivery, the producer is closed.
+        Then the group's stop (its final advances, closing the producer) gets
+        ``timeout`` seconds again, at least one: an advance still in flight after
+        that is cancelled and its events are redelivered. So a stop returns within
+        about twice ``timeout`` even when the broker stopped answering.
         Called before ``run()``, it makes ``run()`` return at once; called again,
         it waits the same way (the first timeout holds). Do not await it from a
         handler (it would wait for that handler): start it as a task instead.
