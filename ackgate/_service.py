@@ -338,7 +338,11 @@ class Service:
             return None
         finally:
             for task in tasks:
-                task.cancel()
+                # One cancellation each: a second one (asyncio.run() tearing down has
+                # cancelled every task already) would cut short a handler's bounded
+                # wait for the group's stop, and leave that stop unbounded.
+                if not task.cancelling():
+                    task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
     def _progress(self) -> int:

@@ -363,6 +363,49 @@ async def main() -> None:
 asyncio.run(main())
 """
 
+STUCK = """
+import asyncio
+
+import ackgate._worker
+from ackgate import Message, Service
+from ackgate.adapters.memory import MemoryBroker, MemoryStreamProducer
+
+ackgate._worker.DEFAULT_STOP_TIMEOUT = 0.5  # a hard stop's bound (30 s), shortened
+
+
+class Stuck(MemoryStreamProducer):
+    async def advance(self, batch):
+        await asyncio.Event().wait()  # a broker that stopped answering
+
+
+broker = MemoryBroker()
+broker.create_topic("orders", partitions=4)
+for n in range(200):
+    broker.publish("orders", b"m%d" % n)
+service = Service("orders", producer=lambda: Stuck(broker, "orders", "app"))
+busy = asyncio.Event()
+
+
+@service.handler("fast", concurrency=4)
+async def fast(message: Message) -> None:
+    busy.set()
+
+
+@service.handler("slow")
+async def slow(message: Message) -> None:
+    await asyncio.sleep(0.01)
+
+
+async def main() -> None:
+    asyncio.create_task(service.run())
+    await busy.wait()
+    await asyncio.sleep(0.05)
+    raise RuntimeError("the user's own bug")
+
+
+asyncio.run(main())
+"""
+
 EXITS = """
 import sys
 
@@ -408,6 +451,14 @@ def test_an_exception_in_main_tears_down_within_bounds_and_is_the_one_shown(
     handled = set(json.loads(lines["handled"]))
     for partition, offset in committed.items():  # nothing committed that one did not handle
         assert {f"orders/{partition}/{n}" for n in range(offset)} <= handled, partition
+
+
+def test_the_teardown_is_bounded_when_the_broker_stopped_answering(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text(STUCK)
+    done = _python(tmp_path, "app.py")
+    assert done.returncode == 1, done.stderr
+    assert "the group's stop (its final advances, closing the producer) took" in done.stderr
+    assert done.stderr.rstrip().endswith("RuntimeError: the user's own bug"), done.stderr
 
 
 def test_sys_exit_in_a_handler_is_the_exit_status_of_ackgate_run(tmp_path: Path) -> None:
