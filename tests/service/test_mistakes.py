@@ -167,7 +167,7 @@ async def test_returning_a_value_fails_the_call_naming_the_handler(
     assert "handler 'indexer' returned bool; it must return None (ack) or a Reject" in (
         errors[0].getMessage()
     )
-    failures = [r.getMessage() for r in caplog.records if "after 2 attempt(s)" in r.getMessage()]
+    failures = [r.getMessage() for r in caplog.records if "after 2 call(s)" in r.getMessage()]
     assert len(failures) == 3 and all("TypeError" in line for line in failures)
 
 
