@@ -12,6 +12,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,8 @@ import pytest
 
 import ackgate._worker
 from ackgate import AdvanceOutcome, Message, Reject, Retry, Service
-from ackgate.testing import ScriptedProducer
+from ackgate.adapters.memory import MemoryBroker, MemoryStreamProducer
+from ackgate.testing import FakeClock, ScriptedProducer
 
 
 def make() -> ScriptedProducer:
@@ -214,6 +216,43 @@ async def test_cancelled_error_raised_by_the_handler_is_a_failure_and_the_lane_g
     stats = service.stats().handlers["h"]
     assert (stats.handled, stats.failed, stats.retried) == (39, 1, 2)
     assert "handler 'h' failed on message id=" in caplog.text and "CancelledError" in caplog.text
+
+
+async def test_a_call_cancelled_by_the_ack_timeout_is_not_retried(
+    broker: MemoryBroker,
+    memory_producer: Callable[[], MemoryStreamProducer],
+    publish: Callable[..., list[Any]],
+    running: Any,
+) -> None:
+    """The other side of the previous test: a real cancellation of the call is not a
+    failure of the handler; the broker redelivers the message."""
+    publish(1)
+    clock = FakeClock()
+    service = Service("orders", producer=memory_producer, ack_timeout=10.0, clock=clock)
+    calls = 0
+    hung = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    @service.handler("stuck", retry=Retry(attempts=3, backoff=0.0, max_backoff=0.0))
+    async def stuck(message: Message) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            hung.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+    async with running(service):
+        await hung.wait()
+        clock.advance(11.0)  # the ack timeout fires: the call is cancelled
+        await cancelled.wait()
+        await broker.wait_drained("orders", "svc")
+    stats = service.stats().handlers["stuck"]
+    assert calls == 2  # the cancelled call, then the redelivered copy; no retry between
+    assert (stats.retried, stats.failed, stats.handled) == (0, 0, 1)
 
 
 @pytest.mark.parametrize(
