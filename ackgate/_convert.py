@@ -30,8 +30,9 @@ from ackgate._producer import SharedStreamProducer
 class MessageProducer(SharedStreamProducer):
     """``inner`` with ``Message`` raw events. Opens nothing until :meth:`open_stream`."""
 
-    def __init__(self, inner: SharedStreamProducer) -> None:
+    def __init__(self, inner: SharedStreamProducer, owner: Converting) -> None:
         self._inner = inner
+        self._owner = owner
 
     async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
         """The inner stream, converted. Cancelled at a yield or while the inner stream
@@ -61,6 +62,7 @@ class MessageProducer(SharedStreamProducer):
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """The inner producer's ``advance``; raising or cancellation as there."""
         await self._inner.advance(batch)
+        self._owner.advanced(len(batch))
 
     async def aclose(self) -> None:
         """The inner producer's ``aclose``; it is awaited once, as the group awaits this."""
@@ -89,17 +91,39 @@ class BatchMessageProducer(MessageProducer):
                 await aclose()
 
 
-def converting(factory: Callable[[], SharedStreamProducer]) -> Callable[[], MessageProducer]:
-    """A factory for the group: calls ``factory`` once per group and wraps what it made."""
+class Converting:
+    """The factory a service gives its group: calls the user's ``factory`` once per
+    group life and wraps what it made. Caller: the group's poll, one call per life.
 
-    def make() -> MessageProducer:
-        inner = factory()
-        if not isinstance(inner, SharedStreamProducer):
-            raise TypeError(
-                f"producer() must return a SharedStreamProducer, got {type(inner).__name__}"
-            )
+    It also keeps what the service's supervision needs to tell a configuration error
+    from an outage: the exception the factory itself raised, and how many events the
+    producers it made have advanced.
+    """
+
+    def __init__(self, factory: Callable[[], SharedStreamProducer]) -> None:
+        self._factory = factory
+        #: The exception of the last call that did not produce a producer (the factory
+        #: raised, or returned something else); ``None`` after a call that did.
+        self.failure: Exception | None = None
+        #: Events advanced by every producer made so far: grows only once an
+        #: ``advance`` call returned, so a failed commit is not progress.
+        self.advanced_events = 0
+
+    def __call__(self) -> MessageProducer:
+        self.failure = None
+        try:
+            inner = self._factory()
+            if not isinstance(inner, SharedStreamProducer):
+                raise TypeError(
+                    f"producer() must return a SharedStreamProducer, got {type(inner).__name__}"
+                )
+        except Exception as exc:
+            self.failure = exc
+            raise
         if type(inner).open_stream_batches is not SharedStreamProducer.open_stream_batches:
-            return BatchMessageProducer(inner)
-        return MessageProducer(inner)
+            return BatchMessageProducer(inner, self)
+        return MessageProducer(inner, self)
 
-    return make
+    def advanced(self, count: int) -> None:
+        """Caller: a producer made here, once its inner ``advance`` returned."""
+        self.advanced_events += count
