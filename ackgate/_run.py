@@ -205,14 +205,18 @@ async def serve(services: Sequence[Service], shutdown_timeout: float) -> int:
     stopping: asyncio.Task[Any] | None = None
     forced = False
 
-    def stop_all(reason: str) -> None:
+    def stop_all(reason: str | None) -> None:
+        """``reason``: the signal received; ``None`` when a service failed."""
         nonlocal stopping, forced
         if stopping is None:
-            logger.info(
-                "%s: stopping gracefully (up to %gs); send the signal again to stop at once",
-                reason,
-                shutdown_timeout,
-            )
+            if reason is not None:
+                logger.info(
+                    "%s: stopping gracefully (up to %gs); send the signal again to stop at once",
+                    reason,
+                    shutdown_timeout,
+                )
+            elif pending:
+                logger.info("stopping the other services gracefully (up to %gs)", shutdown_timeout)
             stopping = loop.create_task(_stop_all(services, shutdown_timeout))
             return
         if not forced:
@@ -241,7 +245,7 @@ async def serve(services: Sequence[Service], shutdown_timeout: float) -> int:
                         exc_info=error if debug else None,
                     )
             if failed and stopping is None:
-                stop_all("a service failed")
+                stop_all(None)
         if stopping is not None:
             await asyncio.gather(stopping, return_exceptions=True)
     finally:

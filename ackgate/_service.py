@@ -267,11 +267,6 @@ class Service:
                 return
             failure = self._factory.failure
             if failure is not None and cause.__cause__ is failure:
-                logger.debug(
-                    "service %r: the producer factory raised; not retried",
-                    self.key,
-                    exc_info=failure,
-                )
                 failure.add_note(
                     f"raised by the producer factory of service {self.key!r}: a configuration "
                     "error, not retried"
