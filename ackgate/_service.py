@@ -277,8 +277,8 @@ class Service:
                 futile = 0
             if self._restart_limit is not None and futile >= self._restart_limit:
                 cause.add_note(
-                    f"service {self.key!r} gave up: its group ended {futile + 1} times in a row "
-                    f"without advancing a message (restart_limit={self._restart_limit})"
+                    f"not restarted: service {self.key!r} reached restart_limit="
+                    f"{self._restart_limit} (restarts in a row with no message advanced)"
                 )
                 raise cause
             futile += 1
