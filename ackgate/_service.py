@@ -214,7 +214,11 @@ class Service:
 
         ``ValueError`` without handlers; ``RuntimeError`` if called twice. When the
         group ends it is logged and started again after the restart backoff; a
-        handler force-failed by the ack timeout is subscribed again at once.
+        handler force-failed by the ack timeout is subscribed again at once. It
+        raises instead when the producer factory raised (that exception) or
+        ``restart_limit`` was reached (the group's last ``StreamTerminated``), with
+        the handlers' calls in progress cancelled: the group has ended, so nothing
+        more could be advanced. See the class docstring.
 
         Cancellation is a hard stop: calls in progress are cancelled (their events
         fail and are redelivered), what was already resolved is advanced, the
