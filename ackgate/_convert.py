@@ -4,9 +4,10 @@
 :class:`MessageProducer` wraps the user's producer. Its stream yields
 ``(producer.to_message(raw, payload), payload)``, so every handler receives the same
 ``Message`` object, and everything else is the inner producer's: ``advance``,
-``get_advance_lane``, ``get_event_id`` and ``aclose`` are delegated unchanged.
-:class:`BatchMessageProducer` does the same for a producer that yields
-:class:`~ackgate.EventBatch` es, one ``to_messages`` call per batch.
+``get_advance_lane``, ``get_event_id`` and ``aclose`` are delegated unchanged
+(``advance`` counted once it returned). :class:`BatchMessageProducer` does the same
+for a producer that yields :class:`~ackgate.EventBatch` es, one ``to_messages`` call
+per batch. :class:`Converting` is the factory that makes them, once per group life.
 
 A conversion error ends the group loudly (``StreamTerminated``, the error as
 ``__cause__``) rather than rejecting the one message: ``to_message`` failing is an
