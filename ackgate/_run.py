@@ -203,12 +203,13 @@ async def serve(services: Sequence[Service], shutdown_timeout: float) -> int:
         loop.create_task(service.run(), name=f"ackgate run {service.key!r}") for service in services
     ]
     stopping: asyncio.Task[Any] | None = None
-    forced = False
+    signalled = forced = False
 
     def stop_all(reason: str | None) -> None:
         """``reason``: the signal received; ``None`` when a service failed."""
-        nonlocal stopping, forced
+        nonlocal stopping, signalled, forced
         if stopping is None:
+            signalled = reason is not None
             if reason is not None:
                 logger.info(
                     "%s: stopping gracefully (up to %gs); send the signal again to stop at once",
@@ -216,12 +217,16 @@ async def serve(services: Sequence[Service], shutdown_timeout: float) -> int:
                     shutdown_timeout,
                 )
             elif pending:
-                logger.info("stopping the other services gracefully (up to %gs)", shutdown_timeout)
+                logger.info(
+                    "stopping the other services gracefully (up to %gs); a signal stops them "
+                    "at once",
+                    shutdown_timeout,
+                )
             stopping = loop.create_task(_stop_all(services, shutdown_timeout))
             return
-        if not forced:
+        if reason is not None and not forced:
             forced = True
-            logger.warning("%s again: stopping at once", reason)
+            logger.warning("%s%s: stopping at once", reason, " again" if signalled else "")
             for run in runs:
                 run.cancel()
 
