@@ -249,6 +249,7 @@ def test_max_restarts_fails_the_service_and_stops_the_others_gracefully(tmp_path
     assert len(errors) == 1 and "Traceback" not in err, err
     assert "service 'audit' failed: StreamTerminated" in errors[0]
     assert "audit broker unreachable" in errors[0] and "restart_limit=0" in errors[0]
+    assert "stopping the other services gracefully" in err
     # The call in progress on orders finished and was committed; nothing else started.
     assert out.splitlines() == ["started orders/0/0", "finished orders/0/0", 'committed {"0": 1}']
 
