@@ -331,8 +331,7 @@ class Service:
         """Caller: ``ackgate run --max-restarts``, before ``run()``; overrides the
         ``restart_limit`` the service was made with."""
         _check_restart_limit(limit)
-        if self._state != "new":
-            raise RuntimeError(f"service {self.key!r}: restart_limit is set before run()")
+        assert self._state == "new", "the restart limit is read by run()"
         self._restart_limit = limit
 
     # -- stopping ------------------------------------------------------------------
