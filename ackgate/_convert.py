@@ -20,7 +20,7 @@ advanced past the event meanwhile. A handler rejects bad *content*, with
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from ackgate._message import Message
@@ -92,19 +92,35 @@ class BatchMessageProducer(MessageProducer):
                 await aclose()
 
 
+class DeadLetterMissing(ValueError):
+    """A handler sets ``give_up_after`` and the producer has no dead-letter destination.
+
+    A configuration error that every new producer repeats: like any other error of
+    the factory, supervision does not restart on it, ``run()`` raises it.
+    """
+
+
 class Converting:
     """The factory a service gives its group: calls the user's ``factory`` once per
     group life and wraps what it made. Caller: the group's poll, one call per life.
 
-    It also keeps what the service's supervision needs to tell a configuration error
-    from an outage: the exception the factory itself raised, and how many events the
-    producers it made have advanced.
+    ``giving_up()`` names the handlers that set ``give_up_after`` (handler id -> its
+    value); see :func:`check_dead_letter`. It also keeps what the service's
+    supervision needs to tell a configuration error from an outage: the exception
+    the factory itself raised (or the refusal of what it made), and how many events
+    the producers it made have advanced.
     """
 
-    def __init__(self, factory: Callable[[], SharedStreamProducer]) -> None:
+    def __init__(
+        self,
+        factory: Callable[[], SharedStreamProducer],
+        giving_up: Callable[[], Mapping[str, int]] = dict,
+    ) -> None:
         self._factory = factory
+        self._giving_up = giving_up
         #: The exception of the last call that did not produce a producer (the factory
-        #: raised, or returned something else); ``None`` after a call that did.
+        #: raised, returned something else, or made a producer refused by
+        #: :func:`check_dead_letter`); ``None`` after a call that did.
         self.failure: Exception | None = None
         #: Events advanced by every producer made so far: grows only once an
         #: ``advance`` call returned, so a failed commit is not progress.
@@ -118,6 +134,7 @@ class Converting:
                 raise TypeError(
                     f"producer() must return a SharedStreamProducer, got {type(inner).__name__}"
                 )
+            check_dead_letter(inner, self._giving_up())
         except Exception as exc:
             self.failure = exc
             raise
@@ -128,3 +145,21 @@ class Converting:
     def advanced(self, count: int) -> None:
         """Caller: a producer made here, once its inner ``advance`` returned."""
         self.advanced_events += count
+
+
+def check_dead_letter(producer: SharedStreamProducer, giving_up: Mapping[str, int]) -> None:
+    """Refuse ``producer`` when a handler gives up on messages and it cannot store them.
+
+    Giving up rejects a message; a reject that the producer does not store anywhere
+    (``dead_letter_destination()`` is ``None``) would drop it. Raises
+    :class:`DeadLetterMissing` naming the option and the first such handler.
+    """
+    if giving_up and producer.dead_letter_destination() is None:
+        handler_id, limit = next(iter(giving_up.items()))
+        raise DeadLetterMissing(
+            f"handler {handler_id!r} sets give_up_after={limit}, but the producer "
+            f"({type(producer).__name__}) has no dead-letter destination "
+            "(dead_letter_destination() is None), so a message given up on would be "
+            "dropped: configure the producer's dead-letter destination (Kafka and "
+            "Pub/Sub: dlq_topic, SQS: dlq_queue_url) or remove give_up_after"
+        )
