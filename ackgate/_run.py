@@ -196,12 +196,16 @@ def _load(target: str) -> list[Service]:
 async def serve(services: Sequence[Service], shutdown_timeout: float) -> int:
     """Run ``services`` until a signal (or a failure) stops them; return the exit status.
 
+    A ``SystemExit`` or ``KeyboardInterrupt`` out of a service's ``run()`` stops the
+    others gracefully too, then propagates (the process exits with its code).
     Cancellation cancels every service's ``run()`` and propagates.
     """
     loop = asyncio.get_running_loop()
     runs = [
-        loop.create_task(service.run(), name=f"ackgate run {service.key!r}") for service in services
+        loop.create_task(_running(service), name=f"ackgate run {service.key!r}")
+        for service in services
     ]
+    exiting: BaseException | None = None
     stopping: asyncio.Task[Any] | None = None
     signalled = forced = False
 
@@ -239,17 +243,26 @@ async def serve(services: Sequence[Service], shutdown_timeout: float) -> int:
             for run in done:
                 if run.cancelled():
                     continue
+                key = services[runs.index(run)].key
                 error = run.exception()
                 if error is not None:
                     failed = True
                     debug = logger.isEnabledFor(logging.DEBUG)
                     logger.error(
                         "service %r failed: %s",
-                        services[runs.index(run)].key,
+                        key,
                         _one_line(error, debug=debug),
                         exc_info=error if debug else None,
                     )
-            if failed and stopping is None:
+                elif (exc := run.result()) is not None:
+                    logger.warning(
+                        "service %r raised %r: the process exits with it once every service "
+                        "stopped",
+                        key,
+                        exc,
+                    )
+                    exiting = exiting or exc
+            if (failed or exiting is not None) and stopping is None:
                 stop_all(None)
         if stopping is not None:
             await asyncio.gather(stopping, return_exceptions=True)
@@ -258,7 +271,20 @@ async def serve(services: Sequence[Service], shutdown_timeout: float) -> int:
         for run in runs:
             run.cancel()
         await asyncio.gather(*runs, return_exceptions=True)
+    if exiting is not None:
+        raise exiting
     return 1 if failed or forced else 0
+
+
+async def _running(service: Service) -> BaseException | None:
+    """``service.run()``, with a ``SystemExit`` or ``KeyboardInterrupt`` it raises
+    returned instead: raised in a task, it would leave the event loop at once and the
+    other services would be cancelled rather than stopped gracefully."""
+    try:
+        await service.run()
+    except (SystemExit, KeyboardInterrupt) as exc:
+        return exc
+    return None
 
 
 async def _stop_all(services: Sequence[Service], seconds: float) -> None:

@@ -174,7 +174,7 @@ async def handle(message: Message) -> None:
     pass
 """
 
-ONE_FAILS = """
+ORDERS_SLOW = """
 import asyncio
 import atexit
 import json
@@ -190,18 +190,7 @@ broker.create_topic("audit")
 for n in range(3):
     broker.publish("orders", b"m%d" % n)
 started = asyncio.Event()
-
-
-class Unreachable(MemoryStreamProducer):
-    async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
-        await started.wait()  # fails once an orders call is in progress
-        raise ConnectionError("audit broker unreachable")
-        yield
-
-
 orders = Service("orders", producer=lambda: MemoryStreamProducer(broker, "orders", "app"))
-audit = Service("audit", producer=lambda: Unreachable(broker, "audit", "app"))
-services = [orders, audit]
 
 
 @orders.handler("slow")
@@ -212,15 +201,43 @@ async def slow(message: Message) -> None:
     print("finished", message.id, flush=True)
 
 
-@audit.handler("h")
-async def handle(message: Message) -> None:
-    pass
-
-
 @atexit.register
 def report() -> None:
     print("committed", json.dumps(broker.committed("orders", "app")), flush=True)
 """
+
+ONE_FAILS = (
+    ORDERS_SLOW
+    + """
+class Unreachable(MemoryStreamProducer):
+    async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
+        await started.wait()  # fails once an orders call is in progress
+        raise ConnectionError("audit broker unreachable")
+        yield
+
+
+audit = Service("audit", producer=lambda: Unreachable(broker, "audit", "app"))
+services = [orders, audit]
+
+
+@audit.handler("h")
+async def handle(message: Message) -> None:
+    pass
+"""
+)
+
+ONE_EXITS = (
+    ORDERS_SLOW
+    + """
+class Exits(Service):
+    async def run(self) -> None:  # as a handler's SystemExit leaves run()
+        await started.wait()
+        raise SystemExit(3)
+
+
+services = [orders, Exits("audit", producer=lambda: MemoryStreamProducer(broker, "audit", "app"))]
+"""
+)
 
 
 def test_a_producer_factory_error_exits_1_with_one_line(tmp_path: Path) -> None:
@@ -251,6 +268,17 @@ def test_max_restarts_fails_the_service_and_stops_the_others_gracefully(tmp_path
     assert "audit broker unreachable" in errors[0] and "restart_limit=0" in errors[0]
     assert "stopping the other services gracefully" in err
     # The call in progress on orders finished and was committed; nothing else started.
+    assert out.splitlines() == ["started orders/0/0", "finished orders/0/0", 'committed {"0": 1}']
+
+
+def test_a_service_raising_system_exit_stops_the_others_gracefully_and_exits_with_its_code(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "one_exits.py").write_text(ONE_EXITS)
+    process = ackgate_run(tmp_path, "one_exits:services")
+    out, err = finish(process)
+    assert process.returncode == 3, err
+    assert "service 'audit' raised SystemExit(3)" in err and "Traceback" not in err
     assert out.splitlines() == ["started orders/0/0", "finished orders/0/0", 'committed {"0": 1}']
 
 
