@@ -9,8 +9,9 @@ gracefully (``stop(timeout=--shutdown-timeout)``); a second one stops them at on
 Exit status: 0 after a graceful stop; 1 when a service failed (its ``run()`` raised:
 a producer factory's configuration error, ``--max-restarts`` reached, ...; the
 others are stopped gracefully first), a module raised while being imported, or a
-second signal cut the stop short; 2 for a bad command line or target. A failure is
-one line on stderr; its traceback only with ``--log-level DEBUG``.
+second signal cut the stop short; 2 for a bad command line or target; ``n`` when a
+service's ``run()`` raised ``SystemExit(n)`` (the others are stopped gracefully
+first). A failure is one line on stderr; its traceback only with ``--log-level DEBUG``.
 """
 
 from __future__ import annotations
