@@ -505,4 +505,4 @@ def test_sys_exit_in_a_handler_is_the_exit_status_of_ackgate_run(tmp_path: Path)
     done = _python(tmp_path, "-m", "ackgate", "run", "app:service")
     assert done.returncode == 3, done.stderr
     assert "handler 'migrator' raised SystemExit(3) on message id=orders/0/5" in done.stderr
-    assert "a handler raised SystemExit(3): stopping gracefully" in done.stderr
+    assert "service 'orders' raised SystemExit(3): the process exits with it" in done.stderr
