@@ -30,14 +30,20 @@ from ackgate._producer import SharedStreamProducer
 class MessageProducer(SharedStreamProducer):
     """``inner`` with ``Message`` raw events. Opens nothing until :meth:`open_stream`."""
 
-    def __init__(self, inner: SharedStreamProducer) -> None:
+    def __init__(
+        self, inner: SharedStreamProducer, observe: Callable[[Message], None] | None = None
+    ) -> None:
         self._inner = inner
+        #: Called with every message converted (``give_up_after`` needs to know
+        #: which deliveries this process saw); ``None``: nobody asks.
+        self._observe = observe
 
     async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
         """The inner stream, converted. Cancelled at a yield or while the inner stream
         waits, the inner stream is closed (its ``finally`` runs) before this one's ends."""
         stream = self._inner.open_stream()
         to_message = self._inner.to_message
+        observe = self._observe
         try:
             async for item in stream:
                 if not (isinstance(item, tuple) and len(item) == 2):
@@ -46,7 +52,10 @@ class MessageProducer(SharedStreamProducer):
                         f"got {type(item).__name__}"
                     )
                 raw, payload = item
-                yield to_message(raw, payload), payload
+                message = to_message(raw, payload)
+                if observe is not None:
+                    observe(message)
+                yield message, payload
         finally:
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
@@ -82,6 +91,9 @@ class BatchMessageProducer(MessageProducer):
                         f"open_stream_batches must yield EventBatch, got {type(batch).__name__}"
                     )
                 messages: list[Message] = to_messages(batch)
+                if self._observe is not None:
+                    for message in messages:
+                        self._observe(message)
                 yield batch._replace(raw_events=messages)
         finally:
             aclose = getattr(stream, "aclose", None)
@@ -100,11 +112,13 @@ class DeadLetterMissing(ValueError):
 def converting(
     factory: Callable[[], SharedStreamProducer],
     giving_up: Callable[[], Mapping[str, int]] = dict,
+    observe: Callable[[Message], None] | None = None,
 ) -> Callable[[], MessageProducer]:
     """A factory for the group: calls ``factory`` once per group and wraps what it made.
 
     ``giving_up()`` names the handlers that set ``give_up_after`` (handler id ->
-    its value); see :func:`check_dead_letter`.
+    its value); see :func:`check_dead_letter`. When there is any, ``observe`` is
+    called with every message converted.
     """
 
     def make() -> MessageProducer:
@@ -113,10 +127,12 @@ def converting(
             raise TypeError(
                 f"producer() must return a SharedStreamProducer, got {type(inner).__name__}"
             )
-        check_dead_letter(inner, giving_up())
+        handlers = giving_up()
+        check_dead_letter(inner, handlers)
+        seen = observe if handlers else None
         if type(inner).open_stream_batches is not SharedStreamProducer.open_stream_batches:
-            return BatchMessageProducer(inner)
-        return MessageProducer(inner)
+            return BatchMessageProducer(inner, seen)
+        return MessageProducer(inner, seen)
 
     return make
 
