@@ -362,11 +362,15 @@ class Calls:
             self._manager.fail_bound(job.seqs)  # the rest: what was rejected stays so
             counters.failed += len(called) - len(given)
         if not given:
+            uncounted = limit is not None and any(m.attempt is None for _, m in called)
             logger.warning(
-                "handler %r failed on %s after %d call(s); the broker redelivers it: %r",
+                "handler %r failed on %s after %d call(s); the broker redelivers it%s: %r",
                 spec.id,
                 _describe(job),
                 calls,
+                " (give_up_after cannot apply: the producer's messages carry no attempt)"
+                if uncounted
+                else "",
                 exc,
                 exc_info=exc,
             )
