@@ -7,8 +7,11 @@ slot is free (at most ``concurrency`` calls at once) and no earlier job with the
 same ordering key is still running or waiting. Its call is retried per the
 handler's :class:`~ackgate.Retry`; then its tickets are resolved exactly once:
 ``confirm_persisted`` (the call returned), ``reject_bound`` (``Reject``) or
-``fail_bound`` (it failed every attempt, or was cancelled). Stopping drops the
-jobs that have not started (their tickets fail: the broker redelivers them).
+``fail_bound`` (it failed every call, or was cancelled). With ``give_up_after``, a
+failure at that delivery attempt is a reject instead, and a message whose earlier
+deliveries were never resolved by this handler that many times is rejected before
+any call (:mod:`ackgate._unresolved`). Stopping drops the jobs that have not
+started (their tickets fail: the broker redelivers them).
 """
 
 from __future__ import annotations
