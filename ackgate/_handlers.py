@@ -42,7 +42,8 @@ class HandlerSpec:
     #: Batch handlers: seconds after the first message of a batch it is called at the latest.
     batch_wait: float
     #: A failure at ``Message.attempt >= give_up_after`` becomes a reject, and a message
-    #: handed with ``attempt > give_up_after`` is rejected without a call; ``None``: never.
+    #: whose earlier deliveries count that many unresolved calls is rejected without a
+    #: call (``Calls._give_up_unresolved``); ``None``: never.
     give_up_after: int | None = None
 
     @property

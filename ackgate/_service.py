@@ -30,6 +30,7 @@ from ackgate._manager import SharedStreamManager
 from ackgate._producer import SharedStreamProducer
 from ackgate._retry import Retry
 from ackgate._stats import GroupStats
+from ackgate._unresolved import UnresolvedCalls
 from ackgate._worker import DEFAULT_STOP_TIMEOUT, HandlerWorker
 
 logger = logging.getLogger("ackgate.service")
@@ -138,7 +139,9 @@ class Service:
         self.key = key
         self._manager = SharedStreamManager(**options) if manager is None else manager
         self._owns_manager = manager is None
-        self._factory = Converting(producer, self._giving_up)
+        #: What this process saw of each message's deliveries (``give_up_after``).
+        self._unresolved = UnresolvedCalls()
+        self._factory = Converting(producer, self._giving_up, self._unresolved.seen)
         self._restart_backoff = float(restart_backoff)
         self._max_restart_backoff = float(max_restart_backoff)
         self._restart_limit = restart_limit
@@ -199,18 +202,21 @@ class Service:
         every ``retry`` call) whose :attr:`Message.attempt` is ``>= give_up_after``,
         the failure becomes a reject for this handler, with the reason ``"gave up
         after N attempts: ExcType: message"``: the message is dead-lettered once
-        every handler is done with it, and the stream moves on. A message handed to
-        the handler with ``attempt > give_up_after`` was delivered that many times
-        before without this handler resolving it (a handler that kills the process
-        on it never *fails* it, and neither does a hung call cut short by the ack
-        timeout): it is rejected without calling the handler, with the reason
-        ``"gave up after N attempts: not resolved by any of them (...)"``. Both are
-        logged at WARNING and counted in ``HandlerStats.gave_up``. ``attempt``
-        counts deliveries of the message, not calls of this handler: a message
-        redelivered because *another* handler failed it counts up too. For a batch
+        every handler is done with it, and the stream moves on. A handler that
+        kills its process on a message, or hangs on it, never *fails* it; so a
+        message is also rejected without calling the handler when its earlier
+        deliveries count ``give_up_after`` calls of this handler that never
+        resolved, with the reason ``"gave up after N attempts: not resolved by any
+        of them (...)"``. Deliveries made before this process first saw the message
+        count so (the process may have stopped during each: a crash loop);
+        deliveries since count only when this handler's call on it was cut short
+        (ack timeout, stop, restart), not when the message merely waited in a
+        queue. Both are logged at WARNING and counted in ``HandlerStats.gave_up``.
+        ``attempt`` counts deliveries of the message, not calls of this handler: a
+        message redelivered because *another* handler failed it counts up too. For a batch
         handler each message of a failed batch is judged by its own ``attempt``:
         those at ``give_up_after`` or more are given up, the rest fail; messages
-        past ``give_up_after`` are left out of the call. A service with
+        given up without a call are left out of the call. A service with
         ``give_up_after`` on any handler refuses to start (``run()`` raises
         ``ValueError``) when the producer has no dead-letter destination
         (:meth:`SharedStreamProducer.dead_letter_destination` is ``None``): giving
@@ -325,6 +331,7 @@ class Service:
                 roster=roster,
                 counters=self._counters[spec.id],
                 on_exit=self._handler_exited,
+                unresolved=self._unresolved,
             )
             for spec in self._specs.values()
         ]

@@ -21,6 +21,7 @@ from ackgate._handlers import HandlerCounters, HandlerSpec
 from ackgate._message import Message
 from ackgate._producer import SharedStreamProducer
 from ackgate._subscription import Subscription
+from ackgate._unresolved import UnresolvedCalls
 
 if TYPE_CHECKING:
     from ackgate._manager import SharedStreamManager
@@ -58,8 +59,10 @@ class HandlerWorker:
         roster: tuple[str, ...],
         counters: HandlerCounters,
         on_exit: Callable[[BaseException], None],
+        unresolved: UnresolvedCalls,
     ) -> None:
         self.spec = spec
+        self._unresolved = unresolved
         self._key = key
         self._manager = manager
         self._factory = factory
@@ -100,7 +103,9 @@ class HandlerWorker:
                 self._key, self.spec.id, producer=self._factory, roster=self._roster
             )
             self._counters.subscribed(subscription)
-            calls = self._calls = Calls(self.spec, self._manager, self._counters, self._on_exit)
+            calls = self._calls = Calls(
+                self.spec, self._manager, self._counters, self._on_exit, self._unresolved
+            )
             pull = self._pull_batches if self.spec.batched else self._pull_each
             feed = self._feed = loop.create_task(pull(subscription, calls))
             # The feed learns of a force-fail at its next pull; a feed waiting for

@@ -209,6 +209,11 @@ class KafkaStreamProducer(SharedStreamProducer):
         record = broker_payload.record
         return (record.topic, record.partition, record.offset)
 
+    def dead_letter_destination(self) -> str | None:
+        """``"Kafka topic <dlq_topic>"``; ``None`` without ``dlq_topic`` (a rejected
+        event is then committed past, with a WARNING line only)."""
+        return None if self._dlq_topic is None else f"Kafka topic {self._dlq_topic}"
+
     def to_message(self, raw_event: Any, broker_payload: Any) -> Message:
         """The record as an :class:`ackgate.Message`, its fields read from the record
         (:class:`ackgate_kafka._message.RecordMessage` lists them: the body is the
