@@ -310,7 +310,7 @@ def sqs() -> Iterator[str]:
         import moto.server  # noqa: F401
     except ImportError as exc:
         raise ServerDidNotStart(
-            f"a local SQS server needs moto[server] ({exc}); pip install 'ackgate[testing]'"
+            f"a local SQS server needs moto[server] ({exc}); pip install 'ackgate[testing-sqs]'"
         ) from None
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"

@@ -22,7 +22,8 @@ For development::
 
 prints ``export ACKGATE_KAFKA_BOOTSTRAP=127.0.0.1:39092`` and runs until Ctrl-C or SIGTERM;
 ``topic create NAME --partitions N`` and ``produce TOPIC [FILE] [--key-separator SEP]``
-create a Kafka topic and produce one record per line there.
+create a Kafka topic and produce one record per line there; ``wait TOPIC --group GROUP``
+exits once the group has committed everything on it.
 """
 
 from __future__ import annotations
@@ -358,7 +359,31 @@ def parser() -> argparse.ArgumentParser:
         "in order); a line without SEP has no key. Default: no keys",
     )
     produce.add_argument("--bootstrap", metavar="HOST:PORT", help=bootstrap_help)
+    wait = commands.add_parser(
+        "wait",
+        help="wait until a consumer group has committed everything on a Kafka topic",
+        description="Exit 0 once GROUP has committed the end offset of every partition of "
+        "TOPIC; exit 1 after --within seconds, naming the partitions still behind.",
+    )
+    wait.add_argument("topic", help="the topic the group reads")
+    wait.add_argument("--group", required=True, help="the consumer group (the service's group_id)")
+    wait.add_argument(
+        "--within", type=float, default=60.0, metavar="SECONDS", help="give up after (default 60)"
+    )
+    wait.add_argument("--bootstrap", metavar="HOST:PORT", help=bootstrap_help)
     return parser
+
+
+def _wait(bootstrap: str, topic: str, group: str, within: float) -> int:
+    from ackgate.testing.traffic import StillOutstanding, kafka_wait_advanced
+
+    try:
+        asyncio.run(kafka_wait_advanced(bootstrap, topic, group, within))
+    except StillOutstanding as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(f"group {group} has committed everything on {topic}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -367,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
         return _topic_create(_bootstrap(args.bootstrap), args.name, args.partitions)
     if args.command == "produce":
         return _produce(_bootstrap(args.bootstrap), args.topic, args.file, args.key_separator)
+    if args.command == "wait":
+        return _wait(_bootstrap(args.bootstrap), args.topic, args.group, args.within)
     # The variable that names a given address would short-circuit "up": ignore it here.
     os.environ.pop(GIVEN[args.kind], None)
     return _up(args.kind, args.mode or brokers_mode())
