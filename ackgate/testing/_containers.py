@@ -18,12 +18,14 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import gc
 import importlib
 import json
 import os
 import socket
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -94,9 +96,24 @@ def owner_alive(owner: str) -> bool:
 def docker_client() -> Any:
     """A docker SDK client that answered a ping; raises with the reason otherwise."""
     docker: Any = importlib.import_module("docker")  # testcontainers' dependency
-    client = docker.from_env(timeout=30)
-    client.ping()
-    return client
+    # Without a Docker engine the SDK leaves its failed connection's socket to the
+    # garbage collector: a ResourceWarning in the user's session (an error under
+    # ``filterwarnings = error``). The exception is rebuilt so nothing refers to that
+    # socket any more, and it is collected here with the warning silenced.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        try:
+            client = docker.from_env(timeout=30)
+            client.ping()
+            return client
+        except Exception as exc:
+            failure = f"{type(exc).__name__}: {exc}"
+        gc.collect()
+    raise NoDockerApi(failure)
+
+
+class NoDockerApi(RuntimeError):
+    """No Docker API answered; the message is the SDK's error."""
 
 
 def remove_leftovers(client: Any | None = None) -> list[str]:

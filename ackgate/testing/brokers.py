@@ -215,7 +215,7 @@ def broker(kind: Kind, mode: Mode | None = None) -> Iterator[Broker]:
             _containers.docker_client().close()
             paths.append(_container_path(kind))
         except Exception as exc:
-            failure.attempts.append(("container", f"no Docker API: {type(exc).__name__}: {exc}"))
+            failure.attempts.append(("container", f"no Docker API: {exc}"))
     else:
         failure.attempts.append(("container", "not tried: ACKGATE_BROKERS=local"))
     if mode in ("auto", "local"):
