@@ -275,24 +275,68 @@ def pubsub() -> Iterator[str]:
 SERVICEBUS_SQL_PASSWORD = "Ackgate-Emulator-Only-1!"  # a throwaway container's, private network
 
 
-def servicebus_config(queues: list[str]) -> dict[str, Any]:
-    """An emulator ``Config.json`` declaring ``queues`` (the emulator creates no entity at
-    run time)."""
-    properties = {
+#: The entities of the plugin's Service Bus emulator; a server given through
+#: ``ACKGATE_SERVICEBUS_CONNECTION`` must declare the same to run the same tests.
+SERVICEBUS_QUEUES = ["probe", *(f"queue-{n}" for n in range(8))]
+SERVICEBUS_SESSION_QUEUES = ["session-0"]  # RequiresSession
+SERVICEBUS_SHORT_LOCK_QUEUES = ["short-lock-0"]  # LockDuration PT5S: lock renewal
+SERVICEBUS_TOPICS = {"topic-0": ["ackgate"]}  # topic: its subscriptions
+
+
+def _servicebus_queue(name: str, *, lock: str = "PT30S", sessions: bool = False) -> dict[str, Any]:
+    return {
+        "Name": name,
+        "Properties": {
+            "DeadLetteringOnMessageExpiration": False,
+            "DefaultMessageTimeToLive": "PT1H",
+            "DuplicateDetectionHistoryTimeWindow": "PT20S",
+            "ForwardDeadLetteredMessagesTo": "",
+            "ForwardTo": "",
+            "LockDuration": lock,
+            "MaxDeliveryCount": 10,
+            "RequiresDuplicateDetection": False,
+            "RequiresSession": sessions,
+        },
+    }
+
+
+def servicebus_config(
+    queues: list[str],
+    *,
+    session_queues: list[str] | None = None,
+    short_lock_queues: list[str] | None = None,
+    topics: dict[str, list[str]] | None = None,
+) -> dict[str, Any]:
+    """An emulator ``Config.json`` declaring these entities (the emulator creates no
+    entity at run time)."""
+    subscription = {
         "DeadLetteringOnMessageExpiration": False,
         "DefaultMessageTimeToLive": "PT1H",
-        "DuplicateDetectionHistoryTimeWindow": "PT20S",
+        "LockDuration": "PT1M",
+        "MaxDeliveryCount": 10,
         "ForwardDeadLetteredMessagesTo": "",
         "ForwardTo": "",
-        "LockDuration": "PT30S",
-        "MaxDeliveryCount": 10,
-        "RequiresDuplicateDetection": False,
         "RequiresSession": False,
     }
     namespace = {
         "Name": "sbemulatorns",
-        "Queues": [{"Name": name, "Properties": properties} for name in queues],
-        "Topics": [],
+        "Queues": [
+            *(_servicebus_queue(name) for name in queues),
+            *(_servicebus_queue(name, sessions=True) for name in session_queues or []),
+            *(_servicebus_queue(name, lock="PT5S") for name in short_lock_queues or []),
+        ],
+        "Topics": [
+            {
+                "Name": topic,
+                "Properties": {
+                    "DefaultMessageTimeToLive": "PT1H",
+                    "DuplicateDetectionHistoryTimeWindow": "PT20S",
+                    "RequiresDuplicateDetection": False,
+                },
+                "Subscriptions": [{"Name": name, "Properties": subscription} for name in names],
+            }
+            for topic, names in (topics or {}).items()
+        ],
     }
     return {"UserConfig": {"Namespaces": [namespace], "Logging": {"Type": "Console"}}}
 
@@ -303,7 +347,12 @@ def servicebus(config: dict[str, Any] | None = None) -> Iterator[str]:
     yields the connection string once a message goes round trip through ``probe``."""
     from testcontainers.core.network import Network
 
-    config = config or servicebus_config(["probe", *(f"queue-{n}" for n in range(8))])
+    config = config or servicebus_config(
+        SERVICEBUS_QUEUES,
+        session_queues=SERVICEBUS_SESSION_QUEUES,
+        short_lock_queues=SERVICEBUS_SHORT_LOCK_QUEUES,
+        topics=SERVICEBUS_TOPICS,
+    )
     with ExitStack() as stack:
         network = stack.enter_context(Network(docker_network_kw={"labels": labels()}))
         sql = (
