@@ -289,7 +289,11 @@ def _produce(bootstrap: str, topic: str, source: TextIO, separator: str | None) 
             else:
                 yield Outgoing(line)
 
-    sent = asyncio.run(kafka_publish(bootstrap, topic, messages()))
+    try:
+        sent = asyncio.run(kafka_publish(bootstrap, topic, messages()))
+    finally:
+        if source is not sys.stdin:
+            source.close()
     print(f"produced {sent} record(s) to {topic} on {bootstrap}")
     return 0
 
