@@ -131,6 +131,15 @@ class PubSubFresh:
             await subscriber.transport.close()
         return name
 
+    async def publish(self, topic: str, messages: Iterable[bytes | str | Outgoing]) -> int:
+        """Publish ``messages`` in order (see :func:`~ackgate.testing.traffic.pubsub_publish`)."""
+        publisher, subscriber = self._clients()
+        try:
+            return await traffic.pubsub_publish(publisher, topic, messages)
+        finally:
+            await publisher.transport.close()
+            await subscriber.transport.close()
+
     async def subscription(
         self,
         topic: str,

@@ -26,6 +26,7 @@ __all__ = [
     "kafka_create_topic",
     "kafka_publish",
     "kafka_wait_advanced",
+    "pubsub_publish",
     "sqs_publish",
     "sqs_wait_drained",
 ]
@@ -41,8 +42,9 @@ class Outgoing:
     Attributes:
         body: The message's bytes (a ``str`` is encoded as UTF-8).
         key: Kafka: the record key (it picks the partition). SQS FIFO: the message
-            group. Ignored by a standard SQS queue.
-        headers: Kafka: record headers. SQS: string message attributes (UTF-8).
+            group. Pub/Sub: the ordering key. Ignored by a standard SQS queue.
+        headers: Kafka: record headers. SQS: string message attributes. Pub/Sub:
+            attributes. (Both UTF-8.)
     """
 
     body: bytes | str
@@ -233,3 +235,30 @@ async def sqs_wait_drained(client: Any, queue_url: str, within: float = 30) -> N
         return ", ".join(left) or None
 
     await _wait(f"queue {queue_url} is not empty", outstanding, within)
+
+
+# -- Pub/Sub -----------------------------------------------------------------------------
+
+
+async def pubsub_publish(
+    publisher: Any, topic: str, messages: Iterable[bytes | str | Outgoing]
+) -> int:
+    """Publish ``messages`` to ``topic`` (its full name) in order with a
+    ``PublisherAsyncClient``, one request each; return how many. The key is the
+    ordering key."""
+    from google.pubsub_v1 import PubsubMessage
+
+    sent = 0
+    for message in map(_outgoing, messages):
+        await publisher.publish(
+            topic=topic,
+            messages=[
+                PubsubMessage(
+                    data=_bytes(message.body),
+                    ordering_key="" if message.key is None else _text(message.key),
+                    attributes={name: _text(value) for name, value in message.headers.items()},
+                )
+            ],
+        )
+        sent += 1
+    return sent

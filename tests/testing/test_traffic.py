@@ -11,7 +11,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import GroupCoordinatorNotAvailableError
 
-from ackgate.testing.resources import KafkaFresh, SqsFresh
+from ackgate.testing.resources import KafkaFresh, PubSubFresh, SqsFresh
 from ackgate.testing.traffic import Outgoing, StillOutstanding
 
 
@@ -107,3 +107,24 @@ async def test_sqs_publish_then_wait_until_the_queue_is_drained(
     first = next(m for m in messages if m["Body"] == "one")
     assert first["MessageAttributes"]["h"]["StringValue"] == "1"
     await fresh.wait_drained(url, within=30)
+
+
+async def test_pubsub_publish_with_ordering_keys_and_attributes(
+    ackgate_pubsub_fresh: PubSubFresh,
+) -> None:
+    fresh = ackgate_pubsub_fresh
+    topic = await fresh.topic()
+    subscription = await fresh.subscription(topic, ordering=True)
+    assert await fresh.publish(topic, [Outgoing("a", key="k", headers={"h": "1"}), b"b"]) == 2
+    publisher, subscriber = fresh._clients()
+    try:
+        got: list[Any] = []
+        while len(got) < 2:
+            response = await subscriber.pull(subscription=subscription, max_messages=10)
+            got += [received.message for received in response.received_messages]
+    finally:
+        await publisher.transport.close()
+        await subscriber.transport.close()
+    by_body = {m.data: m for m in got}
+    assert sorted(by_body) == [b"a", b"b"]
+    assert (by_body[b"a"].ordering_key, dict(by_body[b"a"].attributes)) == ("k", {"h": "1"})
