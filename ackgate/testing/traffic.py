@@ -154,7 +154,7 @@ async def kafka_wait_advanced(bootstrap: str, topic: str, group: str, within: fl
             end = await ends.end_offsets(tps)
             got = await admin.list_consumer_group_offsets(group, partitions=tps)
         except KafkaError as exc:
-            if not getattr(exc, "retriable", False) and not _coordinator_not_ready(exc):
+            if not exc.retriable:  # GroupCoordinatorNotAvailableError is retriable
                 raise
             return f"the broker answered {type(exc).__name__} (retried)"
         behind = []
@@ -176,17 +176,6 @@ async def kafka_wait_advanced(bootstrap: str, topic: str, group: str, within: fl
             await ends.stop()
     finally:
         await admin.close()
-
-
-def _coordinator_not_ready(exc: BaseException) -> bool:
-    # Some aiokafka versions raise these without marking them retriable.
-    return type(exc).__name__ in {
-        "GroupCoordinatorNotAvailableError",
-        "CoordinatorNotAvailableError",
-        "CoordinatorLoadInProgressError",
-        "NotCoordinatorForGroupError",
-        "NotCoordinatorError",
-    }
 
 
 # -- SQS ---------------------------------------------------------------------------------
