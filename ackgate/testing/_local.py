@@ -226,7 +226,9 @@ class LocalKafkaBroker:
     def start(self) -> None:
         classpath = f"{kafka_libs()}/*"
         config = self._write_config()
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        cluster_id = "-"
+        while cluster_id.startswith("-"):  # the tool's parser takes "-..." for an option
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         storage = ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)]
         with self.log.open("ab") as out:
             formatted = subprocess.run(
