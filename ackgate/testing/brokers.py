@@ -392,12 +392,20 @@ def _wait(bootstrap: str, topic: str, group: str, within: float) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.command == "topic":
-        return _topic_create(_bootstrap(args.bootstrap), args.name, args.partitions)
-    if args.command == "produce":
-        return _produce(_bootstrap(args.bootstrap), args.topic, args.file, args.key_separator)
-    if args.command == "wait":
-        return _wait(_bootstrap(args.bootstrap), args.topic, args.group, args.within)
+    if args.command in ("topic", "produce", "wait"):
+        from aiokafka.errors import KafkaError
+
+        try:
+            if args.command == "topic":
+                return _topic_create(_bootstrap(args.bootstrap), args.name, args.partitions)
+            if args.command == "produce":
+                return _produce(
+                    _bootstrap(args.bootstrap), args.topic, args.file, args.key_separator
+                )
+            return _wait(_bootstrap(args.bootstrap), args.topic, args.group, args.within)
+        except KafkaError as exc:  # the broker's answer is the message; no traceback
+            print(f"{parser().prog} {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
     # The variable that names a given address would short-circuit "up": ignore it here.
     os.environ.pop(GIVEN[args.kind], None)
     return _up(args.kind, args.mode or brokers_mode())

@@ -97,12 +97,18 @@ async def kafka_create_topic(bootstrap: str, name: str, partitions: int = 1) -> 
 
     if partitions < 1:
         raise ValueError(f"partitions={partitions}: a topic needs at least one")
+    from aiokafka.errors import for_code
+
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        await admin.create_topics([NewTopic(name, partitions, 1)])
+        response = await admin.create_topics([NewTopic(name, partitions, 1)])
     finally:
         await admin.close()
+    # The admin client reports a refusal in the response, it does not raise it.
+    for topic, code, *message in response.topic_errors:
+        if code:
+            raise for_code(code)(f"topic {topic!r}: {message[0] if message else ''}".strip())
 
 
 async def kafka_publish(

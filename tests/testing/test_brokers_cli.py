@@ -131,3 +131,14 @@ def test_produce_without_a_broker_says_how_to_get_one(monkeypatch: pytest.Monkey
     with pytest.raises(SystemExit) as exited:
         brokers.main(["produce", "orders"])
     assert "set ACKGATE_KAFKA_BOOTSTRAP" in str(exited.value.code)
+
+
+def test_creating_a_topic_twice_is_one_line_and_exit_1(
+    ackgate_kafka: KafkaBroker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    topic, bootstrap = unique(), ackgate_kafka.bootstrap
+    assert brokers.main(["topic", "create", topic, "--bootstrap", bootstrap]) == 0
+    assert brokers.main(["topic", "create", topic, "--bootstrap", bootstrap]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("python -m ackgate.testing.brokers topic: TopicAlreadyExistsError")
+    assert len(err.splitlines()) == 1
