@@ -404,7 +404,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
             return _wait(_bootstrap(args.bootstrap), args.topic, args.group, args.within)
         except KafkaError as exc:  # the broker's answer is the message; no traceback
-            print(f"{parser().prog} {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            why = str(exc) if type(exc).__name__ in str(exc) else f"{type(exc).__name__}: {exc}"
+            print(f"{parser().prog} {args.command}: {why}", file=sys.stderr)
             return 1
     # The variable that names a given address would short-circuit "up": ignore it here.
     os.environ.pop(GIVEN[args.kind], None)

@@ -108,7 +108,7 @@ async def kafka_create_topic(bootstrap: str, name: str, partitions: int = 1) -> 
     # The admin client reports a refusal in the response, it does not raise it.
     for topic, code, *message in response.topic_errors:
         if code:
-            raise for_code(code)(f"topic {topic!r}: {message[0] if message else ''}".strip())
+            raise for_code(code)(message[0] if message and message[0] else f"topic {topic!r}")
 
 
 async def kafka_publish(

@@ -140,5 +140,5 @@ def test_creating_a_topic_twice_is_one_line_and_exit_1(
     assert brokers.main(["topic", "create", topic, "--bootstrap", bootstrap]) == 0
     assert brokers.main(["topic", "create", topic, "--bootstrap", bootstrap]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("python -m ackgate.testing.brokers topic: TopicAlreadyExistsError")
+    assert err.startswith("python -m ackgate.testing.brokers topic: [Error 36] TopicAlreadyExists")
     assert len(err.splitlines()) == 1
