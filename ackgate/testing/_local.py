@@ -54,7 +54,9 @@ def free_port() -> int:
 def http_status(url: str) -> int | None:
     """The HTTP status ``url`` answers a GET with, or ``None`` if nothing answers."""
     try:
-        with _DIRECT.open(url, timeout=1) as response:
+        # moto's first answer takes over a second on a loaded machine; a closed port
+        # is refused at once whatever the timeout.
+        with _DIRECT.open(url, timeout=5) as response:
             return int(response.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
