@@ -7,8 +7,10 @@ resolve the tickets bound to their messages (SPEC §8). The producer is wrapped 
 each event is converted to a :class:`~ackgate.Message` once (:mod:`ackgate._convert`).
 
 Lifecycle: *new* (handlers may be registered) → *running* (``run()``) → *stopped*.
-While running, a group that ends (upstream failure, advance failure, factory
-failure) is restarted after an exponential backoff; ``stop()`` ends the running.
+While running, a group that ends (upstream failure, advance failure) is restarted
+after an exponential backoff; ``stop()`` ends the running. Two ends are final:
+the producer factory raising (a configuration error, which no restart mends), and
+``restart_limit`` restarts in a row with nothing advanced: ``run()`` raises.
 """
 
 from __future__ import annotations
@@ -21,14 +23,14 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
-from ackgate._convert import converting
+from ackgate._convert import Converting, DeadLetterMissing
 from ackgate._errors import StreamTerminated
 from ackgate._handlers import HandlerCounters, HandlerSpec, HandlerStats, Ordering, check_spec
 from ackgate._manager import SharedStreamManager
 from ackgate._producer import SharedStreamProducer
 from ackgate._retry import Retry
 from ackgate._stats import GroupStats
-from ackgate._worker import HandlerWorker
+from ackgate._worker import DEFAULT_STOP_TIMEOUT, HandlerWorker
 
 logger = logging.getLogger("ackgate.service")
 
@@ -59,6 +61,9 @@ class Service:
     """Handlers that each see every message of one stream; the broker advanced only
     once all of them acked or rejected it.
 
+    ``key`` names the service's group (in logs and stats): any hashable but
+    ``None``; a ``str`` or ``bytes`` key must not be empty or blank, and a ``str``
+    must be printable (no newline), else ``ValueError``.
     ``producer`` is a zero-argument factory returning a :class:`SharedStreamProducer`
     (called once per group life, so again after each restart). ``options`` are
     :class:`SharedStreamManager` arguments, used when the service makes its own
@@ -67,6 +72,16 @@ class Service:
     after ``restart_backoff`` seconds, doubling per consecutive restart up to
     ``max_restart_backoff`` (back to ``restart_backoff`` once a handler finished a
     message in the meantime).
+
+    Supervision gives up in two cases, and ``run()`` raises. An exception raised by
+    the ``producer`` factory itself (or a factory returning something that is not a
+    producer) is a configuration error: it is never retried, and ``run()`` raises
+    that very exception. With ``restart_limit=N`` (default ``None``: no limit),
+    ``run()`` raises the group's last error (``StreamTerminated``, or
+    ``AdvanceFailed``; the broker's error is its ``__cause__``) when the group ended
+    again after N restarts in a row without advancing a single message; ``0``
+    never restarts. Either exception carries a note (``__notes__``) naming the
+    service and why it was not restarted.
     """
 
     def __init__(
@@ -77,6 +92,7 @@ class Service:
         manager: SharedStreamManager | None = None,
         restart_backoff: float = 1.0,
         max_restart_backoff: float = 60.0,
+        restart_limit: int | None = None,
         **options: Any,
     ) -> None:
         if key is None:
@@ -85,6 +101,13 @@ class Service:
             hash(key)
         except TypeError:
             raise ValueError(f"key must be hashable, got {type(key).__name__}") from None
+        # The key names the service in every log line and in stats: it must say something.
+        if isinstance(key, str | bytes) and not key.strip():
+            raise ValueError(f"key must not be empty or blank, got {key!r}")
+        if isinstance(key, str) and not key.isprintable():
+            raise ValueError(
+                f"key must be printable (no newline or control character), got {key!r}"
+            )
         if isinstance(producer, SharedStreamProducer) or not callable(producer):
             raise TypeError(
                 "producer must be a zero-argument factory returning a SharedStreamProducer "
@@ -106,6 +129,7 @@ class Service:
                 f"max_restart_backoff ({max_restart_backoff!r}) must be >= "
                 f"restart_backoff ({restart_backoff!r})"
             )
+        _check_restart_limit(restart_limit)
         if manager is not None and options:
             raise ValueError(
                 f"manager options {sorted(options)} apply only to the service's own manager; "
@@ -114,9 +138,10 @@ class Service:
         self.key = key
         self._manager = SharedStreamManager(**options) if manager is None else manager
         self._owns_manager = manager is None
-        self._factory = converting(producer)
+        self._factory = Converting(producer, self._giving_up)
         self._restart_backoff = float(restart_backoff)
         self._max_restart_backoff = float(max_restart_backoff)
+        self._restart_limit = restart_limit
         self._specs: dict[str, HandlerSpec] = {}
         self._counters: dict[str, HandlerCounters] = {}
         self._workers: list[HandlerWorker] = []
@@ -128,6 +153,9 @@ class Service:
         self._stopping: asyncio.Event | None = None
         #: Resolved when ``run()`` has returned (or raised).
         self._finished: asyncio.Future[None] | None = None
+        #: The first KeyboardInterrupt or SystemExit a handler raised: the service
+        #: stops, then ``run()`` raises it.
+        self._exit: BaseException | None = None
 
     def __repr__(self) -> str:
         return f"<Service key={self.key!r} handlers={list(self._specs)} state={self._state}>"
@@ -143,6 +171,7 @@ class Service:
         retry: Retry = Retry(),  # noqa: B008 - immutable
         batch_size: int = 1,
         batch_wait: float = 0.0,
+        give_up_after: int | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated ``async def`` as handler ``handler_id``; return it unchanged.
 
@@ -165,10 +194,61 @@ class Service:
         fails all. ``concurrency`` counts batch calls (more than one needs
         ``ordering="none"``).
 
+        ``give_up_after`` (an ``int >= 1``, default ``None``: never) stops a poison
+        message from coming back forever. When the handler fails a message (after
+        every ``retry`` call) whose :attr:`Message.attempt` is ``>= give_up_after``,
+        the failure becomes a reject for this handler, with the reason ``"gave up
+        after N attempts: ExcType: message"``: the message is dead-lettered once
+        every handler is done with it, and the stream moves on. A message handed to
+        the handler with ``attempt > give_up_after`` was delivered that many times
+        before without this handler resolving it (a handler that kills the process
+        on it never *fails* it, and neither does a hung call cut short by the ack
+        timeout): it is rejected without calling the handler, with the reason
+        ``"gave up after N attempts: not resolved by any of them (...)"``. Both are
+        logged at WARNING and counted in ``HandlerStats.gave_up``. ``attempt``
+        counts deliveries of the message, not calls of this handler: a message
+        redelivered because *another* handler failed it counts up too. For a batch
+        handler each message of a failed batch is judged by its own ``attempt``:
+        those at ``give_up_after`` or more are given up, the rest fail; messages
+        past ``give_up_after`` are left out of the call. A service with
+        ``give_up_after`` on any handler refuses to start (``run()`` raises
+        ``ValueError``) when the producer has no dead-letter destination
+        (:meth:`SharedStreamProducer.dead_letter_destination` is ``None``): giving
+        up never drops a message.
+
         Ids are unique (``ValueError``); registering once ``run()`` started is a
         ``RuntimeError``. Invalid options are a ``ValueError`` (``TypeError`` for a
         function that is not ``async def``, or ``retry`` not a ``Retry``).
+
+        Mistakes are never silent:
+
+        * ``@service.handler`` without parentheses is a ``TypeError`` at once: the
+          id names the handler in the roster (every message waits for it), so it
+          is never guessed from the function's name, which a refactor may change.
+        * A function that cannot be called with one positional argument (``async
+          def h()``, ``async def h(message, context)``) is a ``TypeError`` at
+          decoration, naming its signature.
+        * Returning a ``Reject`` is the same as raising it. Returning anything else
+          (other than ``None``, or a batch handler's dict) fails the call with a
+          ``TypeError`` naming the handler, logged at ERROR the first time; the
+          call is retried per ``retry``, then the message is redelivered.
+        * A ``CancelledError`` the handler's own code raises (a future it awaited
+          was cancelled) is a failure of that call like any other; only a stop, an
+          ack timeout or the event loop's teardown cancels a call.
+        * ``KeyboardInterrupt`` or ``SystemExit`` (``sys.exit()``) raised in a
+          handler fails that call's messages (they are redelivered), stops the
+          service gracefully (as ``stop()`` with its default timeout), then
+          ``run()`` raises it, so the process exits (with ``SystemExit``'s code).
         """
+        if callable(handler_id):
+            # ``@service.handler`` without parentheses. The id is a roster member's
+            # name: messages wait for it and brokers' commit state may be kept under
+            # it, so it is never guessed from a function name a refactor may change.
+            raise TypeError(
+                "@service.handler needs a handler id: write "
+                f"@service.handler({getattr(handler_id, '__name__', 'my_handler')!r}) above "
+                f"{handler_id!r}, with an id that stays the same across deploys"
+            )
 
         def register(function: F) -> F:
             if self._state != "new":
@@ -185,6 +265,7 @@ class Service:
                 retry=retry,
                 batch_size=batch_size,
                 batch_wait=batch_wait,
+                give_up_after=give_up_after,
             )
             self._specs[spec.id] = spec
             self._counters[spec.id] = HandlerCounters()
@@ -192,18 +273,40 @@ class Service:
 
         return register
 
+    def _giving_up(self) -> dict[str, int]:
+        return {
+            spec.id: spec.give_up_after
+            for spec in self._specs.values()
+            if spec.give_up_after is not None
+        }
+
     # -- running -------------------------------------------------------------------
 
     async def run(self) -> None:
         """Run the handlers until :meth:`stop` (or cancellation); then return.
 
-        ``ValueError`` without handlers; ``RuntimeError`` if called twice. When the
+        ``ValueError`` without handlers; ``RuntimeError`` if called twice;
+        ``ValueError`` when the first producer is made, if a handler sets
+        ``give_up_after`` and the producer has no dead-letter destination (never
+        retried: every producer from that factory would be refused). When the
         group ends it is logged and started again after the restart backoff; a
-        handler force-failed by the ack timeout is subscribed again at once.
+        handler force-failed by the ack timeout is subscribed again at once. It
+        raises instead when the producer factory raised (that exception) or
+        ``restart_limit`` was reached (the group's last ``StreamTerminated``), with
+        the handlers' calls in progress cancelled: the group has ended, so nothing
+        more could be advanced. See the class docstring.
 
         Cancellation is a hard stop: calls in progress are cancelled (their events
         fail and are redelivered), what was already resolved is advanced, the
-        producer is closed, then ``CancelledError`` propagates.
+        producer is closed, then ``CancelledError`` propagates. The group's stop
+        (final advances, closing the producer) gets the timeout of a ``stop()``
+        called before, else 30 s; past it, the advances still in flight are
+        cancelled (their events are redelivered). So when ``asyncio.run(main())``
+        tears down because ``main()`` raised, the teardown ends in bounded time and
+        ``main()``'s exception is the one that propagates.
+
+        A ``KeyboardInterrupt`` or ``SystemExit`` raised by a handler stops the
+        service gracefully, then propagates from here.
         """
         if not self._specs:
             raise ValueError(f"service {self.key!r} has no handler: register one with @handler")
@@ -221,6 +324,7 @@ class Service:
                 factory=self._factory,
                 roster=roster,
                 counters=self._counters[spec.id],
+                on_exit=self._handler_exited,
             )
             for spec in self._specs.values()
         ]
@@ -235,15 +339,49 @@ class Service:
                     await self._manager.aclose()
             finally:
                 self._finished.set_result(None)
+        if self._exit is not None:
+            raise self._exit
+
+    def _handler_exited(self, exit_: BaseException) -> None:
+        """Caller: a handler call that raised KeyboardInterrupt or SystemExit."""
+        if self._exit is None:
+            self._exit = exit_
+        self._request_stop(DEFAULT_STOP_TIMEOUT)
 
     async def _supervise(self) -> None:
+        """Run group lives until the service stops; raise when supervision gives up."""
         assert self._stopping is not None
         delay = self._restart_backoff
+        # Restarts since a producer last advanced an event: what restart_limit bounds.
+        # An advance still finishing in an ended group's stop counts for the next
+        # life: late, never lost, and always a real advance.
+        futile = 0
+        advanced = self._factory.advanced_events
         while not self._stopping.is_set():
             progress = self._progress()
             cause = await self._session()
             if cause is None or self._stopping.is_set():
                 return
+            failure = self._factory.failure
+            if failure is not None and cause.__cause__ is failure:
+                # Every new producer would fail the same way: a configuration error.
+                failure.add_note(
+                    f"service {self.key!r} refused its producer: a configuration error, not retried"
+                    if isinstance(failure, DeadLetterMissing)
+                    else f"raised by the producer factory of service {self.key!r}: a "
+                    "configuration error, not retried"
+                )
+                raise failure
+            if self._factory.advanced_events != advanced:
+                advanced = self._factory.advanced_events
+                futile = 0
+            if self._restart_limit is not None and futile >= self._restart_limit:
+                cause.add_note(
+                    f"not restarted: service {self.key!r} reached restart_limit="
+                    f"{self._restart_limit} (restarts in a row with no message advanced)"
+                )
+                raise cause
+            futile += 1
             if self._progress() != progress:
                 delay = self._restart_backoff
             self._restarts += 1
@@ -279,11 +417,22 @@ class Service:
             return None
         finally:
             for task in tasks:
-                task.cancel()
+                # One cancellation each: a second one (asyncio.run() tearing down has
+                # cancelled every task already) would cut short a handler's bounded
+                # wait for the group's stop, and leave that stop unbounded.
+                if not task.cancelling():
+                    task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
     def _progress(self) -> int:
-        return sum(c.handled + c.rejected + c.failed for c in self._counters.values())
+        return sum(c.handled + c.rejected + c.failed + c.gave_up for c in self._counters.values())
+
+    def _set_restart_limit(self, limit: int | None) -> None:
+        """Caller: ``ackgate run --max-restarts``, before ``run()``; overrides the
+        ``restart_limit`` the service was made with."""
+        _check_restart_limit(limit)
+        assert self._state == "new", "the restart limit is read by run()"
+        self._restart_limit = limit
 
     # -- stopping ------------------------------------------------------------------
 
@@ -293,6 +442,10 @@ class Service:
         No new message is handed to a handler; calls in progress get up to
         ``timeout`` seconds to finish, then are cancelled. What finished is
         advanced, the rest is left to broker redelivery, the producer is closed.
+        Then the group's stop (its final advances, closing the producer) gets
+        ``timeout`` seconds again, at least one: an advance still in flight after
+        that is cancelled and its events are redelivered. So a stop returns within
+        about twice ``timeout`` even when the broker stopped answering.
         Called before ``run()``, it makes ``run()`` return at once; called again,
         it waits the same way (the first timeout holds). Do not await it from a
         handler (it would wait for that handler): start it as a task instead.
@@ -301,14 +454,18 @@ class Service:
         """
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
             raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
+        self._request_stop(timeout)
+        if self._finished is not None:
+            await asyncio.shield(self._finished)
+
+    def _request_stop(self, timeout: float) -> None:
+        """The first stop request sets the deadline; later ones change nothing."""
         if self._stop_at is None:
             self._stop_at = asyncio.get_running_loop().time() + timeout
             for worker in self._workers:
-                worker.stop(self._stop_at)
+                worker.stop(self._stop_at, timeout)
             if self._stopping is not None:
                 self._stopping.set()
-        if self._finished is not None:
-            await asyncio.shield(self._finished)
 
     # -- observing -----------------------------------------------------------------
 
@@ -324,3 +481,8 @@ class Service:
             ),
             restarts=self._restarts,
         )
+
+
+def _check_restart_limit(limit: object) -> None:
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ValueError(f"restart_limit must be None (no limit) or an integer >= 0, got {limit!r}")
