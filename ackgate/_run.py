@@ -162,6 +162,10 @@ def load_services(targets: Sequence[str]) -> list[Service]:
     return list(services.values())
 
 
+#: ackgate's own adapter distributions, by the module each installs.
+_ADAPTERS = {f"ackgate_{name}": name for name in ("kafka", "sqs", "pubsub", "servicebus")}
+
+
 def _load(target: str) -> list[Service]:
     module_name, _, attr_path = target.partition(":")
     if not module_name or not attr_path:
@@ -170,6 +174,15 @@ def _load(target: str) -> list[Service]:
         value: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as error:
         missing = error.name or ""
+        adapter = _ADAPTERS.get(missing)
+        if adapter is not None:
+            # The most common first-run mistake: the service is fine, its adapter is
+            # simply not installed in this environment.
+            raise BadTarget(
+                f"cannot import {module_name!r}: the {adapter} adapter ({missing!r}) is not "
+                f"installed; pip install 'ackgate[{adapter}]' (from a checkout: "
+                f"pip install ./adapters/{adapter})"
+            ) from None
         if missing != module_name and not module_name.startswith(missing + "."):
             # The module exists but imports something missing: its own bug.
             raise ImportFailed(f"importing {module_name!r} failed") from error

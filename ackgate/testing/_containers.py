@@ -18,12 +18,14 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import gc
 import importlib
 import json
 import os
 import socket
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -94,9 +96,24 @@ def owner_alive(owner: str) -> bool:
 def docker_client() -> Any:
     """A docker SDK client that answered a ping; raises with the reason otherwise."""
     docker: Any = importlib.import_module("docker")  # testcontainers' dependency
-    client = docker.from_env(timeout=30)
-    client.ping()
-    return client
+    # Without a Docker engine the SDK leaves its failed connection's socket to the
+    # garbage collector: a ResourceWarning in the user's session (an error under
+    # ``filterwarnings = error``). The exception is rebuilt so nothing refers to that
+    # socket any more, and it is collected here with the warning silenced.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        try:
+            client = docker.from_env(timeout=30)
+            client.ping()
+            return client
+        except Exception as exc:
+            failure = f"{type(exc).__name__}: {exc}"
+        gc.collect()
+    raise NoDockerApi(failure)
+
+
+class NoDockerApi(RuntimeError):
+    """No Docker API answered; the message is the SDK's error."""
 
 
 def remove_leftovers(client: Any | None = None) -> list[str]:
@@ -258,24 +275,68 @@ def pubsub() -> Iterator[str]:
 SERVICEBUS_SQL_PASSWORD = "Ackgate-Emulator-Only-1!"  # a throwaway container's, private network
 
 
-def servicebus_config(queues: list[str]) -> dict[str, Any]:
-    """An emulator ``Config.json`` declaring ``queues`` (the emulator creates no entity at
-    run time)."""
-    properties = {
+#: The entities of the plugin's Service Bus emulator; a server given through
+#: ``ACKGATE_SERVICEBUS_CONNECTION`` must declare the same to run the same tests.
+SERVICEBUS_QUEUES = ["probe", *(f"queue-{n}" for n in range(8))]
+SERVICEBUS_SESSION_QUEUES = ["session-0"]  # RequiresSession
+SERVICEBUS_SHORT_LOCK_QUEUES = ["short-lock-0"]  # LockDuration PT5S: lock renewal
+SERVICEBUS_TOPICS = {"topic-0": ["ackgate"]}  # topic: its subscriptions
+
+
+def _servicebus_queue(name: str, *, lock: str = "PT30S", sessions: bool = False) -> dict[str, Any]:
+    return {
+        "Name": name,
+        "Properties": {
+            "DeadLetteringOnMessageExpiration": False,
+            "DefaultMessageTimeToLive": "PT1H",
+            "DuplicateDetectionHistoryTimeWindow": "PT20S",
+            "ForwardDeadLetteredMessagesTo": "",
+            "ForwardTo": "",
+            "LockDuration": lock,
+            "MaxDeliveryCount": 10,
+            "RequiresDuplicateDetection": False,
+            "RequiresSession": sessions,
+        },
+    }
+
+
+def servicebus_config(
+    queues: list[str],
+    *,
+    session_queues: list[str] | None = None,
+    short_lock_queues: list[str] | None = None,
+    topics: dict[str, list[str]] | None = None,
+) -> dict[str, Any]:
+    """An emulator ``Config.json`` declaring these entities (the emulator creates no
+    entity at run time)."""
+    subscription = {
         "DeadLetteringOnMessageExpiration": False,
         "DefaultMessageTimeToLive": "PT1H",
-        "DuplicateDetectionHistoryTimeWindow": "PT20S",
+        "LockDuration": "PT1M",
+        "MaxDeliveryCount": 10,
         "ForwardDeadLetteredMessagesTo": "",
         "ForwardTo": "",
-        "LockDuration": "PT30S",
-        "MaxDeliveryCount": 10,
-        "RequiresDuplicateDetection": False,
         "RequiresSession": False,
     }
     namespace = {
         "Name": "sbemulatorns",
-        "Queues": [{"Name": name, "Properties": properties} for name in queues],
-        "Topics": [],
+        "Queues": [
+            *(_servicebus_queue(name) for name in queues),
+            *(_servicebus_queue(name, sessions=True) for name in session_queues or []),
+            *(_servicebus_queue(name, lock="PT5S") for name in short_lock_queues or []),
+        ],
+        "Topics": [
+            {
+                "Name": topic,
+                "Properties": {
+                    "DefaultMessageTimeToLive": "PT1H",
+                    "DuplicateDetectionHistoryTimeWindow": "PT20S",
+                    "RequiresDuplicateDetection": False,
+                },
+                "Subscriptions": [{"Name": name, "Properties": subscription} for name in names],
+            }
+            for topic, names in (topics or {}).items()
+        ],
     }
     return {"UserConfig": {"Namespaces": [namespace], "Logging": {"Type": "Console"}}}
 
@@ -286,7 +347,12 @@ def servicebus(config: dict[str, Any] | None = None) -> Iterator[str]:
     yields the connection string once a message goes round trip through ``probe``."""
     from testcontainers.core.network import Network
 
-    config = config or servicebus_config(["probe", *(f"queue-{n}" for n in range(8))])
+    config = config or servicebus_config(
+        SERVICEBUS_QUEUES,
+        session_queues=SERVICEBUS_SESSION_QUEUES,
+        short_lock_queues=SERVICEBUS_SHORT_LOCK_QUEUES,
+        topics=SERVICEBUS_TOPICS,
+    )
     with ExitStack() as stack:
         network = stack.enter_context(Network(docker_network_kw={"labels": labels()}))
         sql = (

@@ -54,7 +54,9 @@ def free_port() -> int:
 def http_status(url: str) -> int | None:
     """The HTTP status ``url`` answers a GET with, or ``None`` if nothing answers."""
     try:
-        with _DIRECT.open(url, timeout=1) as response:
+        # moto's first answer takes over a second on a loaded machine; a closed port
+        # is refused at once whatever the timeout.
+        with _DIRECT.open(url, timeout=5) as response:
             return int(response.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
@@ -226,7 +228,9 @@ class LocalKafkaBroker:
     def start(self) -> None:
         classpath = f"{kafka_libs()}/*"
         config = self._write_config()
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        cluster_id = "-"
+        while cluster_id.startswith("-"):  # the tool's parser takes "-..." for an option
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         storage = ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)]
         with self.log.open("ab") as out:
             formatted = subprocess.run(
@@ -310,7 +314,7 @@ def sqs() -> Iterator[str]:
         import moto.server  # noqa: F401
     except ImportError as exc:
         raise ServerDidNotStart(
-            f"a local SQS server needs moto[server] ({exc}); pip install 'ackgate[testing]'"
+            f"a local SQS server needs moto[server] ({exc}); pip install 'ackgate[testing-sqs]'"
         ) from None
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"

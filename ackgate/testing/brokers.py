@@ -20,7 +20,10 @@ For development::
 
     python -m ackgate.testing.brokers up kafka [--container | --local]
 
-prints ``export ACKGATE_KAFKA_BOOTSTRAP=127.0.0.1:39092`` and runs until Ctrl-C or SIGTERM.
+prints ``export ACKGATE_KAFKA_BOOTSTRAP=127.0.0.1:39092`` and runs until Ctrl-C or SIGTERM;
+``topic create NAME --partitions N`` and ``produce TOPIC [FILE] [--key-separator SEP]``
+create a Kafka topic and produce one record per line there; ``wait TOPIC --group GROUP``
+exits once the group has committed everything on it.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from collections.abc import Callable, Generator, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Literal
+from typing import Literal, TextIO
 
 from ackgate.testing import _local
 
@@ -212,7 +215,7 @@ def broker(kind: Kind, mode: Mode | None = None) -> Iterator[Broker]:
             _containers.docker_client().close()
             paths.append(_container_path(kind))
         except Exception as exc:
-            failure.attempts.append(("container", f"no Docker API: {type(exc).__name__}: {exc}"))
+            failure.attempts.append(("container", f"no Docker API: {exc}"))
     else:
         failure.attempts.append(("container", "not tried: ACKGATE_BROKERS=local"))
     if mode in ("auto", "local"):
@@ -256,17 +259,154 @@ def _up(kind: Kind, mode: Mode) -> int:
         return 1
 
 
-def main(argv: list[str] | None = None) -> int:
+def _bootstrap(given: str | None) -> str:
+    bootstrap = given or os.environ.get(GIVEN["kafka"])
+    if not bootstrap:
+        raise SystemExit(
+            f"no Kafka broker: pass --bootstrap HOST:PORT or set {GIVEN['kafka']} "
+            "(python -m ackgate.testing.brokers up kafka prints it)"
+        )
+    return bootstrap
+
+
+def _topic_create(bootstrap: str, name: str, partitions: int) -> int:
+    from ackgate.testing.traffic import kafka_create_topic
+
+    asyncio.run(kafka_create_topic(bootstrap, name, partitions))
+    print(f"created topic {name} with {partitions} partition(s) on {bootstrap}")
+    return 0
+
+
+def _produce(bootstrap: str, topic: str, source: TextIO, separator: str | None) -> int:
+    from ackgate.testing.traffic import Outgoing, kafka_publish
+
+    def messages() -> Iterator[Outgoing]:
+        for line in source:
+            line = line.rstrip("\n")
+            if separator is not None and separator in line:
+                key, _, body = line.partition(separator)
+                yield Outgoing(body, key=key)
+            else:
+                yield Outgoing(line)
+
+    try:
+        sent = asyncio.run(kafka_publish(bootstrap, topic, messages()))
+    finally:
+        if source is not sys.stdin:
+            source.close()
+    print(f"produced {sent} record(s) to {topic} on {bootstrap}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m ackgate.testing.brokers``."""
     parser = argparse.ArgumentParser(
-        prog="python -m ackgate.testing.brokers", description="Start a broker for development."
+        prog="python -m ackgate.testing.brokers",
+        description="Start a broker for development, create a Kafka topic, produce records.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    up = commands.add_parser("up", help="start a broker, print its address, stop on Ctrl-C")
-    up.add_argument("kind", choices=KINDS)
+    up = commands.add_parser(
+        "up",
+        help="start a broker, print its address, stop on Ctrl-C",
+        description="Start one broker the way the pytest fixtures do, print the variable "
+        "that points tests and services at it, and stop it on Ctrl-C or SIGTERM. "
+        "Without a flag: ACKGATE_BROKERS decides (auto: a container if a Docker API "
+        "answers, else a local process).",
+    )
+    up.add_argument("kind", choices=KINDS, help="which broker to start")
     where = up.add_mutually_exclusive_group()
-    where.add_argument("--container", dest="mode", action="store_const", const="container")
-    where.add_argument("--local", dest="mode", action="store_const", const="local")
-    args = parser.parse_args(argv)
+    where.add_argument(
+        "--container",
+        dest="mode",
+        action="store_const",
+        const="container",
+        help="only through a container (testcontainers and a Docker API)",
+    )
+    where.add_argument(
+        "--local",
+        dest="mode",
+        action="store_const",
+        const="local",
+        help="only as a local process (Kafka: Java 17 and Maven; SQS: moto's server)",
+    )
+    bootstrap_help = f"the Kafka broker (default: ${GIVEN['kafka']})"
+    topic = commands.add_parser("topic", help="manage Kafka topics")
+    topic_commands = topic.add_subparsers(dest="topic_command", required=True)
+    create = topic_commands.add_parser(
+        "create",
+        help="create a Kafka topic with N partitions",
+        description="Create a Kafka topic. A topic Kafka auto-creates on first use has "
+        "one partition: create it first to get more lanes.",
+    )
+    create.add_argument("name", help="the topic's name")
+    create.add_argument(
+        "--partitions", type=int, default=1, metavar="N", help="number of partitions (default 1)"
+    )
+    create.add_argument("--bootstrap", metavar="HOST:PORT", help=bootstrap_help)
+    produce = commands.add_parser(
+        "produce",
+        help="produce one Kafka record per line of stdin or a file",
+        description="Produce one record per line, in order, each acknowledged by the broker.",
+    )
+    produce.add_argument("topic", help="the topic to produce to")
+    produce.add_argument(
+        "file",
+        nargs="?",
+        type=argparse.FileType("r"),
+        default=sys.stdin,
+        help="read lines from this file (default: stdin)",
+    )
+    produce.add_argument(
+        "--key-separator",
+        metavar="SEP",
+        help="a line KEY<SEP>VALUE gets that key (records with one key share a partition, "
+        "in order); a line without SEP has no key. Default: no keys",
+    )
+    produce.add_argument("--bootstrap", metavar="HOST:PORT", help=bootstrap_help)
+    wait = commands.add_parser(
+        "wait",
+        help="wait until a consumer group has committed everything on a Kafka topic",
+        description="Exit 0 once GROUP has committed the end offset of every partition of "
+        "TOPIC; exit 1 after --within seconds, naming the partitions still behind.",
+    )
+    wait.add_argument("topic", help="the topic the group reads")
+    wait.add_argument("--group", required=True, help="the consumer group (the service's group_id)")
+    wait.add_argument(
+        "--within", type=float, default=60.0, metavar="SECONDS", help="give up after (default 60)"
+    )
+    wait.add_argument("--bootstrap", metavar="HOST:PORT", help=bootstrap_help)
+    return parser
+
+
+def _wait(bootstrap: str, topic: str, group: str, within: float) -> int:
+    from ackgate.testing.traffic import StillOutstanding, kafka_wait_advanced
+
+    try:
+        asyncio.run(kafka_wait_advanced(bootstrap, topic, group, within))
+    except StillOutstanding as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(f"group {group} has committed everything on {topic}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command in ("topic", "produce", "wait"):
+        from aiokafka.errors import KafkaError
+
+        try:
+            if args.command == "topic":
+                return _topic_create(_bootstrap(args.bootstrap), args.name, args.partitions)
+            if args.command == "produce":
+                return _produce(
+                    _bootstrap(args.bootstrap), args.topic, args.file, args.key_separator
+                )
+            return _wait(_bootstrap(args.bootstrap), args.topic, args.group, args.within)
+        except KafkaError as exc:  # the broker's answer is the message; no traceback
+            why = str(exc) if type(exc).__name__ in str(exc) else f"{type(exc).__name__}: {exc}"
+            print(f"{parser().prog} {args.command}: {why}", file=sys.stderr)
+            return 1
     # The variable that names a given address would short-circuit "up": ignore it here.
     os.environ.pop(GIVEN[args.kind], None)
     return _up(args.kind, args.mode or brokers_mode())

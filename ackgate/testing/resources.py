@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
+from ackgate.testing import traffic
 from ackgate.testing.brokers import KafkaBroker, PubSubBroker, SqsBroker
+from ackgate.testing.traffic import Outgoing
 
 
 def unique(prefix: str = "ackgate") -> str:
@@ -27,19 +30,21 @@ class KafkaFresh:
         self.bootstrap = broker.bootstrap
 
     async def topic(self, partitions: int = 1) -> str:
-        from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
         name = unique()
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
-        await admin.start()
-        try:
-            await admin.create_topics([NewTopic(name, partitions, 1)])
-        finally:
-            await admin.close()
+        await traffic.kafka_create_topic(self.bootstrap, name, partitions)
         return name
 
     def group(self) -> str:
         return unique("group")
+
+    async def publish(self, topic: str, messages: Iterable[bytes | str | Outgoing]) -> int:
+        """Publish ``messages`` in order (see :func:`~ackgate.testing.traffic.kafka_publish`)."""
+        return await traffic.kafka_publish(self.bootstrap, topic, messages)
+
+    async def wait_advanced(self, topic: str, group: str, within: float = 30) -> None:
+        """Wait until ``group`` committed every partition's end offset, else
+        :class:`~ackgate.testing.traffic.StillOutstanding` naming the partitions behind."""
+        await traffic.kafka_wait_advanced(self.bootstrap, topic, group, within)
 
 
 class SqsFresh:
@@ -80,6 +85,17 @@ class SqsFresh:
             response = await client.create_queue(QueueName=name, Attributes=attributes)
         return str(response["QueueUrl"])
 
+    async def publish(self, queue_url: str, messages: Iterable[bytes | str | Outgoing]) -> int:
+        """Send ``messages`` in order (see :func:`~ackgate.testing.traffic.sqs_publish`)."""
+        async with self.client() as client:
+            return await traffic.sqs_publish(client, queue_url, messages)
+
+    async def wait_drained(self, queue_url: str, within: float = 30) -> None:
+        """Wait until the queue holds nothing visible, in flight or delayed, else
+        :class:`~ackgate.testing.traffic.StillOutstanding` with the counts left."""
+        async with self.client() as client:
+            await traffic.sqs_wait_drained(client, queue_url, within)
+
 
 class PubSubFresh:
     """``await fresh.topic()`` and ``await fresh.subscription(topic, ordering=True)``
@@ -114,6 +130,15 @@ class PubSubFresh:
             await publisher.transport.close()
             await subscriber.transport.close()
         return name
+
+    async def publish(self, topic: str, messages: Iterable[bytes | str | Outgoing]) -> int:
+        """Publish ``messages`` in order (see :func:`~ackgate.testing.traffic.pubsub_publish`)."""
+        publisher, subscriber = self._clients()
+        try:
+            return await traffic.pubsub_publish(publisher, topic, messages)
+        finally:
+            await publisher.transport.close()
+            await subscriber.transport.close()
 
     async def subscription(
         self,

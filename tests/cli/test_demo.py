@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sqlite3
 import subprocess
@@ -53,6 +54,18 @@ def test_default_handlers_balance_the_books(capsys: pytest.CaptureFixture[str]) 
     assert summary["handlers"] == ["indexer", "auditor", "notifier"]
     assert summary["rejected"] == summary["malformed"]
     assert summary["failed"] == summary["redelivered"] == 0
+
+
+def test_a_clean_run_logs_no_warning(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The docs promise that a clean stop logs no WARNING (the handlers leaving at
+    the end are no incident)."""
+    status, summary, _ = demo_json(capsys, "--events", "500")
+    assert status == 0
+    assert_balanced(summary)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == []
 
 
 def test_crash_at_redelivers_and_still_balances(capsys: pytest.CaptureFixture[str]) -> None:

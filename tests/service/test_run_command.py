@@ -16,6 +16,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import IO
 
+import pytest
+
+from ackgate._run import BadTarget, load_services
+
 REPO = Path(__file__).resolve().parents[2]
 
 APP = """
@@ -302,6 +306,22 @@ def test_a_module_that_raises_while_imported_exits_1_with_one_line(tmp_path: Pat
     _, err = finish(process)
     assert process.returncode == 1
     assert "Traceback" in err and "a_dependency_nobody_installed" in err
+
+
+def test_a_missing_adapter_is_a_bad_target_naming_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The adapter is not installed in this environment (``None`` in ``sys.modules``
+    makes its import fail as if it were absent): one line saying what to install."""
+    (tmp_path / "on_kafka.py").write_text("from ackgate_kafka import KafkaStreamProducer\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "ackgate_kafka", None)
+    with pytest.raises(BadTarget) as raised:
+        load_services(["on_kafka:service"])
+    assert str(raised.value) == (
+        "cannot import 'on_kafka': the kafka adapter ('ackgate_kafka') is not installed; "
+        "pip install 'ackgate[kafka]' (from a checkout: pip install ./adapters/kafka)"
+    )
 
 
 def test_a_bad_command_line_exits_2(tmp_path: Path) -> None:

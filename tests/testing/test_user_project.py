@@ -1,6 +1,7 @@
-"""A user's project outside this repository: a test file in ``tmp_path`` that uses the
-plugin's fixtures and the conformance kit, run by pytest in a subprocess with nothing
-of ``tests/`` (rootdir and cwd ``tmp_path``, no conftest, no ``pythonpath``).
+"""A user's project outside this repository, run by pytest in a subprocess with nothing
+of ``tests/`` (rootdir and cwd ``tmp_path``, no conftest, no ``pythonpath``): the
+complete project of docs/testing.md (its files are the page's code blocks with a
+``title``), and a test file that uses the plugin's fixtures and the conformance kit.
 
 Runs on the path ``ACKGATE_BROKERS`` picks: local processes by default, containers in
 CI's container stage; the user's test prints where its brokers came from.
@@ -8,6 +9,7 @@ CI's container stage; the user's test prints where its brokers came from.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -109,8 +111,33 @@ class TestMySqsAdapter(ConformanceSuite):
 '''
 
 
+TESTING_PAGE = Path(__file__).resolve().parents[2] / "docs" / "testing.md"
+TITLED_BLOCK = re.compile(r'^```\w+ title="([^"]+)"\n(.*?)^```$', re.MULTILINE | re.DOTALL)
+
+
+def test_the_project_of_the_testing_page_passes(tmp_path: Path) -> None:
+    """Strict asyncio mode (no configuration) and every warning an error."""
+    files = dict(TITLED_BLOCK.findall(TESTING_PAGE.read_text()))
+    assert sorted(files) == ["orders.py", "pyproject.toml", "test_orders.py"]
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    output = run_pytest(tmp_path)
+    assert "2 passed" in output, output
+    assert "warnings summary" not in output, output
+
+
 def test_a_user_project_uses_the_fixtures_and_the_conformance_kit(tmp_path: Path) -> None:
     (tmp_path / "test_user.py").write_text(textwrap.dedent(USER_TEST))
+    output = run_pytest(tmp_path, "-s", "test_user.py")
+    assert "7 passed" in output, output
+    origins = {line.split()[2] for line in output.splitlines() if line.startswith("ORIGIN ")}
+    mode = brokers_mode()
+    expected = {"container"} if mode == "container" else {"local"} if mode == "local" else None
+    assert expected is None or origins == expected, output
+
+
+def run_pytest(project: Path, *args: str) -> str:
+    """pytest in ``project`` as a user runs it; its output, once it exited 0."""
     result = subprocess.run(
         [
             sys.executable,
@@ -119,13 +146,12 @@ def test_a_user_project_uses_the_fixtures_and_the_conformance_kit(tmp_path: Path
             "-p",
             "no:cacheprovider",
             "--rootdir",
-            str(tmp_path),
+            str(project),
             "-q",
-            "-s",
             "-rA",
-            "test_user.py",
+            *args,
         ],
-        cwd=tmp_path,
+        cwd=project,
         env=clean_env(),
         capture_output=True,
         text=True,
@@ -133,8 +159,4 @@ def test_a_user_project_uses_the_fixtures_and_the_conformance_kit(tmp_path: Path
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
-    assert "7 passed" in output, output
-    origins = {line.split()[2] for line in output.splitlines() if line.startswith("ORIGIN ")}
-    mode = brokers_mode()
-    expected = {"container"} if mode == "container" else {"local"} if mode == "local" else None
-    assert expected is None or origins == expected, output
+    return output
