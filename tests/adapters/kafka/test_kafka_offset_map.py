@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 
 import pytest
+
 from ackgate_kafka._offset_map import MAX_METADATA, PREFIX, OffsetRuns, decode, encode
 
 

@@ -5,9 +5,9 @@ conversion is on the hot path of every message. :class:`RecordMessage` is a
 ``Message`` (a subclass: ``isinstance``, ``dataclasses.fields``, ``asdict`` and
 ``repr`` work as for any) that only keeps the record, its partition and its
 attempt number, and reads each field from the record when it is asked for:
-building one costs three slot writes, where the dataclass constructor costs seven frozen writes and an id
-string per record. ``dataclasses.replace``, ``copy`` and ``pickle`` give a plain
-``Message`` with the same fields.
+building one costs three slot writes, where the dataclass constructor costs seven
+frozen writes and an id string per record. ``dataclasses.replace``, ``copy`` and
+``pickle`` give a plain ``Message`` with the same fields.
 """
 
 from __future__ import annotations

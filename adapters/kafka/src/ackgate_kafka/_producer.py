@@ -528,7 +528,9 @@ class KafkaStreamProducer(SharedStreamProducer):
         async with self._lock:
             if not part.owned or part.epoch != epoch or part.draining:
                 return
-            await self._commit(tp, part, first if part.committed_next is None else part.committed_next)
+            await self._commit(
+                tp, part, first if part.committed_next is None else part.committed_next
+            )
             part.announce = False
 
     async def aclose(self) -> None:
