@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -68,9 +70,16 @@ def consume(bootstrap: str, topic: str, group: str, dlq: str, workdir: Path, eve
         for sid in HANDLERS
     }
     calls: Counter[str] = Counter()
+    pid = os.getpid()
+    if os.environ.get("ACKGATE_SIGKILL_DEBUG"):
+        logging.basicConfig(
+            level=logging.DEBUG, format="%(asctime)s %(process)d %(name)s %(message)s"
+        )
+        logging.getLogger("aiokafka").setLevel(logging.WARNING)
 
     def done(sid: str, message: Message) -> None:
-        os.write(logs[sid], f"{message.raw.partition} {message.raw.offset}\n".encode())
+        raw = message.raw
+        os.write(logs[sid], f"{raw.partition} {raw.offset} {pid} {message.attempt}\n".encode())
 
     @service.handler("indexer")
     async def indexer(message: Message) -> None:
@@ -104,7 +113,7 @@ def handled(workdir: Path, sid: str) -> Counter[tuple[int, int]]:
     path = workdir / f"{sid}.log"
     if path.exists():
         for line in path.read_text().splitlines():
-            p, o = line.split()
+            p, o = line.split()[:2]
             seen[int(p), int(o)] += 1
     return seen
 
@@ -205,8 +214,13 @@ def main() -> None:
     parser.add_argument("--fail-percent", type=float, default=1.0)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per life")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--workdir", help="keep the logs here (default: a temporary directory)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as workdir:
+    with (
+        contextlib.nullcontext(args.workdir)
+        if args.workdir
+        else tempfile.TemporaryDirectory() as workdir
+    ):
         if args.bootstrap:
             figures = asyncio.run(run(args, args.bootstrap, Path(workdir)))
         else:

@@ -27,6 +27,14 @@ def test_runs_merge_touching_and_overlapping_additions() -> None:
     assert list(finished.runs()) == [(25, 40)]
 
 
+def test_a_commit_moves_past_a_run_even_with_older_runs_below_it() -> None:
+    # Runs below the commit point (finished while an earlier offset held the commit)
+    # must not hide the run that starts at it.
+    finished = runs((13, 37), (38, 62), (63, 487), (488, 500))
+    assert finished.take_from(488) == 500
+    assert not finished
+
+
 def test_a_map_round_trips_for_its_own_partition_and_offset() -> None:
     counts = {100: 3, 101: 2, 102: 2, 105: 2}
     text = encode("orders", 2, 100, runs((103, 105), (106, 5000)), 5200, counts)

@@ -91,7 +91,9 @@ class OffsetRuns:
         ends[i:j] = [end]
 
     def take_from(self, offset: int) -> int:
-        """The run starting at ``offset`` is removed; returns its end (``offset`` if none)."""
+        """Where a commit at ``offset`` can move to: the end of the run holding
+        ``offset`` (``offset`` if none). Everything below that end is removed."""
+        self.drop_below(offset)
         if self._starts and self._starts[0] == offset:
             self._starts.pop(0)
             return self._ends.pop(0)
