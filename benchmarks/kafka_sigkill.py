@@ -9,9 +9,9 @@ the consumer (this file with ``consume``: an ``ackgate.Service`` whose handlers
 subprocess, SIGKILLs it ``--kills`` times at even steps of progress (messages handled by
 the indexer) and runs it once more until everything is committed. The notifier
 (``Retry(attempts=2)``) fails every call of ``--fail-every``'th message (1 % by default)
-the first time this process is handed it, so that delivery fails for the broker: the
-partition is held there and the message redelivered, while the messages after it are
-handled. A kill then loses the process's memory of what it handled past the held
+(by offset, in every partition) the first time this process is handed it, so that
+delivery fails for the broker: the partition is held there and the message
+redelivered, while the messages after it are handled. A kill then loses the process's memory of what it handled past the held
 offsets; the offset map committed with them is what spares the restart from replaying
 them.
 
@@ -49,7 +49,15 @@ HANDLERS = ("indexer", "auditor", "notifier")
 # The consumer: a subprocess, started once per life.
 
 
-def consume(bootstrap: str, topic: str, group: str, dlq: str, workdir: Path, every: int) -> None:
+def consume(
+    bootstrap: str,
+    topic: str,
+    group: str,
+    dlq: str,
+    workdir: Path,
+    every: int,
+    max_outstanding: int,
+) -> None:
     from ackgate import Message, Retry, Service
     from ackgate_kafka import KafkaStreamProducer
 
@@ -63,7 +71,8 @@ def consume(bootstrap: str, topic: str, group: str, dlq: str, workdir: Path, eve
             heartbeat_interval_ms=500,
         )
 
-    service = Service("sigkill", producer=make, restart_backoff=0.5)
+    options = {"max_outstanding": max_outstanding} if max_outstanding else {}
+    service = Service("sigkill", producer=make, restart_backoff=0.5, **options)
     # O_APPEND writes reach the file even when the process is killed right after.
     logs = {
         sid: os.open(workdir / f"{sid}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -92,7 +101,7 @@ def consume(bootstrap: str, topic: str, group: str, dlq: str, workdir: Path, eve
     @service.handler("notifier", retry=Retry(attempts=2, backoff=0.01, max_backoff=0.02))
     async def notifier(message: Message) -> None:
         calls[message.id] += 1
-        if int(message.body) % every == every // 2 and calls[message.id] <= 2:
+        if message.raw.offset % every == every // 3 and calls[message.id] <= 2:
             raise RuntimeError(f"{message.id}: down for its first delivery in this process")
         done("notifier", message)
 
@@ -153,7 +162,7 @@ async def run(args: argparse.Namespace, bootstrap: str, workdir: Path) -> dict[s
         await producer.stop()
     every = round(100 / args.fail_percent)
     command = [sys.executable, __file__, "consume", bootstrap, topic, group, dlq]
-    command += [str(workdir), str(every)]
+    command += [str(workdir), str(every), str(args.max_outstanding)]
     errors = (workdir / "consumer.err").open("ab")
     ends = {
         TopicPartition(topic, p): -(-(args.messages - p) // args.partitions)
@@ -203,8 +212,8 @@ async def run(args: argparse.Namespace, bootstrap: str, workdir: Path) -> dict[s
 
 def main() -> None:
     if sys.argv[1:2] == ["consume"]:
-        bootstrap, topic, group, dlq, workdir, every = sys.argv[2:8]
-        consume(bootstrap, topic, group, dlq, Path(workdir), int(every))
+        bootstrap, topic, group, dlq, workdir, every, outstanding = sys.argv[2:9]
+        consume(bootstrap, topic, group, dlq, Path(workdir), int(every), int(outstanding))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap", default=os.environ.get("ACKGATE_KAFKA_BOOTSTRAP"))
@@ -212,6 +221,9 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument("--fail-percent", type=float, default=1.0)
+    parser.add_argument(
+        "--max-outstanding", type=int, default=0, help="the Service's (0: its default)"
+    )
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per life")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--workdir", help="keep the logs here (default: a temporary directory)")
