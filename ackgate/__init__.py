@@ -9,6 +9,7 @@ handlers over one shared stream and keeps it up.
 """
 
 from ackgate._bindings import BoundBatch
+from ackgate._deliveries import DeliveryCounts
 from ackgate._errors import (
     AckGateError,
     AckTimeout,
@@ -34,6 +35,7 @@ __all__ = [
     "AdvanceItem",
     "AdvanceOutcome",
     "BoundBatch",
+    "DeliveryCounts",
     "EventBatch",
     "GroupStats",
     "HandlerStats",

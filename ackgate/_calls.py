@@ -17,7 +17,7 @@ import asyncio
 import contextvars
 import logging
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ackgate._handlers import HandlerCounters, HandlerSpec
@@ -39,7 +39,7 @@ UNORDERED: Any = object()
 class Job:
     """One handler call to make: its argument, its messages and their tickets."""
 
-    __slots__ = ("argument", "key", "messages", "resolved", "seqs", "sizes")
+    __slots__ = ("apart", "argument", "key", "messages", "resolved", "seqs", "sizes")
 
     def __init__(
         self,
@@ -61,6 +61,9 @@ class Job:
         self.key = key
         #: Set once the tickets were resolved. Invariant: they are resolved exactly once.
         self.resolved = False
+        #: Batch jobs: indexes of ``messages`` resolved before the call (given up on,
+        #: see ``Calls._give_up_unresolved``) and left out of ``argument``.
+        self.apart: set[int] | None = None
 
 
 class Calls:
@@ -223,9 +226,12 @@ class Calls:
 
     async def _attempts(self, job: Job) -> None:
         spec = self._spec
+        if spec.give_up_after is not None and self._give_up_unresolved(job, spec.give_up_after):
+            return
         retry = spec.retry
         counters = self._counters
-        attempt = 1
+        size = len(job.argument) if spec.batched else 1
+        call = 1
         while True:
             try:
                 result = await spec.function(job.argument)
@@ -233,74 +239,172 @@ class Calls:
             except Reject as reject:
                 job.resolved = True
                 self._manager.reject_bound(job.seqs, reason=reject.reason)
-                counters.rejected += len(job.messages)
+                counters.rejected += size
                 logger.info("handler %r rejected %s: %s", spec.id, _describe(job), reject.reason)
                 return
             except Exception as exc:
-                if attempt < retry.attempts:
-                    delay = retry.delay(attempt)
+                if call < retry.attempts:
+                    delay = retry.delay(call)
                     logger.warning(
-                        "handler %r failed on %s (attempt %d of %d), retrying in %.3gs: %r",
+                        "handler %r failed on %s (call %d of %d), retrying in %.3gs: %r",
                         spec.id,
                         _describe(job),
-                        attempt,
+                        call,
                         retry.attempts,
                         delay,
                         exc,
                     )
-                    counters.retried += len(job.messages)
-                    attempt += 1
+                    counters.retried += size
+                    call += 1
                     await asyncio.sleep(delay)
                     continue
-                job.resolved = True
-                self._manager.fail_bound(job.seqs)
-                counters.failed += len(job.messages)
-                logger.warning(
-                    "handler %r failed on %s after %d attempt(s); the broker redelivers it: %r",
-                    spec.id,
-                    _describe(job),
-                    attempt,
-                    exc,
-                    exc_info=exc,
-                )
+                self._failed(job, exc, call)
                 return
             job.resolved = True
             if rejects:
                 self._resolve_batch(job, rejects)
             else:
                 self._confirm(job.seqs)
-                counters.handled += len(job.messages)
+                counters.handled += size
             return
 
-    def _resolve_batch(self, job: Job, rejects: dict[str, Reject]) -> None:
-        """A batch handler returned rejects: reject those messages, ack the rest."""
-        assert job.sizes is not None, "batch jobs hold batch bindings"
-        seen: set[str] = set()
+    def _give_up_unresolved(self, job: Job, limit: int) -> bool:
+        """Reject, without a call, the messages of ``job`` delivered more than ``limit``
+        times: ``limit`` deliveries came and went without this handler resolving
+        them (the process stopped during each, say, as when handling them kills
+        it), so a call would most likely end the same way. Returns whether nothing
+        is left to call; otherwise a batch job is left with the others only."""
         messages = job.messages
+        stale = {
+            index: message.attempt
+            for index, message in enumerate(messages)
+            if message.attempt is not None and message.attempt > limit
+        }
+        if not stale:
+            return False
+        for index, attempt in stale.items():
+            logger.warning(
+                "handler %r gives up on message id=%s (attempt %d, give_up_after=%d) "
+                "without calling it: its %d earlier deliveries were never resolved (did "
+                "the process stop while handling it?); it is dead-lettered once every "
+                "handler is done with it",
+                self._spec.id,
+                messages[index].id,
+                attempt,
+                limit,
+                attempt - 1,
+            )
+        self._counters.gave_up += len(stale)
+        reasons = {index: _unresolved_reason(attempt - 1) for index, attempt in stale.items()}
+        if not self._spec.batched:
+            job.resolved = True
+            self._manager.reject_bound(job.seqs, reason=reasons[0])
+            return True
+        self._reject_each(job, reasons)
+        if len(stale) == len(messages):
+            job.resolved = True  # every binding is resolved: the rejects finished it
+            return True
+        job.apart = set(stale)
+        job.argument = [message for index, message in enumerate(messages) if index not in stale]
+        return False
+
+    def _failed(self, job: Job, exc: Exception, calls: int) -> None:
+        """``job`` failed every call: its messages fail (the broker redelivers them),
+        except those at ``attempt >= give_up_after``, which this handler gives up on
+        (a reject, with the exception as the reason)."""
+        spec = self._spec
+        counters = self._counters
+        limit = spec.give_up_after
+        apart = job.apart
+        called = [
+            (index, message)
+            for index, message in enumerate(job.messages)
+            if apart is None or index not in apart
+        ]
+        given: dict[int, str | None] = {}
+        if limit is not None:
+            given = {
+                index: f"gave up after {message.attempt} attempts: {type(exc).__name__}: {exc}"
+                for index, message in called
+                if message.attempt is not None and message.attempt >= limit
+            }
+        job.resolved = True
+        if given:
+            if spec.batched:
+                self._reject_each(job, given)
+            else:
+                self._manager.reject_bound(job.seqs, reason=given[0])
+            counters.gave_up += len(given)
+        if len(given) < len(called):
+            self._manager.fail_bound(job.seqs)  # the rest: what was rejected stays so
+            counters.failed += len(called) - len(given)
+        if not given:
+            logger.warning(
+                "handler %r failed on %s after %d call(s); the broker redelivers it: %r",
+                spec.id,
+                _describe(job),
+                calls,
+                exc,
+                exc_info=exc,
+            )
+        elif len(given) == len(called):
+            logger.warning(
+                "handler %r gave up on %s (give_up_after=%s) after %d call(s); it is "
+                "dead-lettered once every handler is done with it: %r",
+                spec.id,
+                _describe(job),
+                limit,
+                calls,
+                exc,
+                exc_info=exc,
+            )
+        else:
+            logger.warning(
+                "handler %r failed on %s after %d call(s): gave up on %d of them "
+                "(attempt >= give_up_after=%s: ids %s), dead-lettered once every handler "
+                "is done with them; the broker redelivers the rest: %r",
+                spec.id,
+                _describe(job),
+                calls,
+                len(given),
+                limit,
+                ", ".join(job.messages[index].id for index in list(given)[:5]),
+                exc,
+                exc_info=exc,
+            )
+
+    def _reject_each(self, job: Job, reasons: Mapping[int, str | None]) -> None:
+        """Reject the messages of batch ``job`` at ``reasons``' indexes (into
+        ``job.messages``), each with its reason; the others stay bound."""
+        assert job.sizes is not None, "batch jobs hold batch bindings"
         start = 0
         for seq, size in zip(job.seqs, job.sizes, strict=True):
             by_reason: dict[str | None, list[int]] = {}
-            for index in range(size):
-                message = messages[start + index]
-                reject = rejects.get(message.id)
-                if reject is None:
-                    continue
-                seen.add(message.id)
-                by_reason.setdefault(reject.reason, []).append(index)
-                logger.info(
-                    "handler %r rejected message id=%s: %s",
-                    self._spec.id,
-                    message.id,
-                    reject.reason,
-                )
+            for index in range(start, start + size):
+                if index in reasons:
+                    by_reason.setdefault(reasons[index], []).append(index - start)
             for reason, indexes in by_reason.items():
                 self._manager.reject_in_batch(seq, indexes, reason)
-                self._counters.rejected += len(indexes)
             start += size
+
+    def _resolve_batch(self, job: Job, rejects: dict[str, Reject]) -> None:
+        """A batch handler returned rejects: reject those messages, ack the rest."""
+        apart = job.apart
+        reasons: dict[int, str | None] = {}
+        seen: set[str] = set()
+        for index, message in enumerate(job.messages):
+            reject = rejects.get(message.id)
+            if reject is None or (apart is not None and index in apart):
+                continue
+            seen.add(message.id)
+            reasons[index] = reject.reason
+            logger.info(
+                "handler %r rejected message id=%s: %s", self._spec.id, message.id, reject.reason
+            )
+        self._reject_each(job, reasons)
+        self._counters.rejected += len(reasons)
         self._manager.confirm_persisted(job.seqs)  # acks the messages not rejected
-        self._counters.handled += len(messages) - sum(
-            1 for message in messages if message.id in seen
-        )
+        self._counters.handled += len(job.argument) - len(reasons)
         unknown = rejects.keys() - seen
         if unknown:
             logger.warning(
@@ -323,9 +427,23 @@ def _batch_rejects(spec: HandlerSpec, result: object) -> dict[str, Reject] | Non
     )
 
 
+def _unresolved_reason(deliveries: int) -> str:
+    return (
+        f"gave up after {deliveries} attempts: not resolved by any of them "
+        "(the process stopped or the call was cut short each time)"
+    )
+
+
 def _describe(job: Job) -> str:
-    """The job's message ids for a log line, never their bodies."""
+    """The job's message ids and delivery attempts for a log line, never their bodies."""
     messages = job.messages
     if len(messages) == 1:
-        return f"message id={messages[0].id}"
-    return f"a batch of {len(messages)} messages (ids {messages[0].id} .. {messages[-1].id})"
+        message = messages[0]
+        if message.attempt is None:
+            return f"message id={message.id}"
+        return f"message id={message.id} (attempt {message.attempt})"
+    attempts = [message.attempt for message in messages if message.attempt is not None]
+    counted = f", attempts {min(attempts)}-{max(attempts)}" if attempts else ""
+    return (
+        f"a batch of {len(messages)} messages (ids {messages[0].id} .. {messages[-1].id}{counted})"
+    )

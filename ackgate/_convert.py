@@ -19,7 +19,7 @@ advanced past the event meanwhile. A handler rejects bad *content*, with
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from ackgate._message import Message
@@ -89,8 +89,23 @@ class BatchMessageProducer(MessageProducer):
                 await aclose()
 
 
-def converting(factory: Callable[[], SharedStreamProducer]) -> Callable[[], MessageProducer]:
-    """A factory for the group: calls ``factory`` once per group and wraps what it made."""
+class DeadLetterMissing(ValueError):
+    """A handler sets ``give_up_after`` and the producer has no dead-letter destination.
+
+    A configuration error that every new producer repeats: supervision does not
+    restart on it, ``run()`` raises it.
+    """
+
+
+def converting(
+    factory: Callable[[], SharedStreamProducer],
+    giving_up: Callable[[], Mapping[str, int]] = dict,
+) -> Callable[[], MessageProducer]:
+    """A factory for the group: calls ``factory`` once per group and wraps what it made.
+
+    ``giving_up()`` names the handlers that set ``give_up_after`` (handler id ->
+    its value); see :func:`check_dead_letter`.
+    """
 
     def make() -> MessageProducer:
         inner = factory()
@@ -98,8 +113,27 @@ def converting(factory: Callable[[], SharedStreamProducer]) -> Callable[[], Mess
             raise TypeError(
                 f"producer() must return a SharedStreamProducer, got {type(inner).__name__}"
             )
+        check_dead_letter(inner, giving_up())
         if type(inner).open_stream_batches is not SharedStreamProducer.open_stream_batches:
             return BatchMessageProducer(inner)
         return MessageProducer(inner)
 
     return make
+
+
+def check_dead_letter(producer: SharedStreamProducer, giving_up: Mapping[str, int]) -> None:
+    """Refuse ``producer`` when a handler gives up on messages and it cannot store them.
+
+    Giving up rejects a message; a reject that the producer does not store anywhere
+    (``dead_letter_destination()`` is ``None``) would drop it. Raises
+    :class:`DeadLetterMissing` naming the option and the first such handler.
+    """
+    if giving_up and producer.dead_letter_destination() is None:
+        handler_id, limit = next(iter(giving_up.items()))
+        raise DeadLetterMissing(
+            f"handler {handler_id!r} sets give_up_after={limit}, but the producer "
+            f"({type(producer).__name__}) has no dead-letter destination "
+            "(dead_letter_destination() is None), so a message given up on would be "
+            "dropped: configure the producer's dead-letter destination (Kafka and "
+            "Pub/Sub: dlq_topic, SQS: dlq_queue_url) or remove give_up_after"
+        )

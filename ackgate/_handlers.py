@@ -40,6 +40,9 @@ class HandlerSpec:
     batch_size: int
     #: Batch handlers: seconds after the first message of a batch it is called at the latest.
     batch_wait: float
+    #: A failure at ``Message.attempt >= give_up_after`` becomes a reject, and a message
+    #: handed with ``attempt > give_up_after`` is rejected without a call; ``None``: never.
+    give_up_after: int | None = None
 
     @property
     def batched(self) -> bool:
@@ -55,6 +58,7 @@ def check_spec(
     retry: object,
     batch_size: object,
     batch_wait: object,
+    give_up_after: object = None,
 ) -> HandlerSpec:
     """Validate ``@service.handler`` arguments: ``ValueError``/``TypeError`` naming each."""
     if not isinstance(handler_id, str) or not handler_id:
@@ -91,6 +95,8 @@ def check_spec(
             f"handler {handler_id!r}: concurrent batches (concurrency={concurrency}) are not "
             f'kept in stream order: pass ordering="none", or concurrency=1'
         )
+    if give_up_after is not None:
+        give_up_after = _positive_int(f"handler {handler_id!r}: give_up_after", give_up_after)
     assert callable(function)
     return HandlerSpec(
         id=handler_id,
@@ -100,6 +106,7 @@ def check_spec(
         retry=retry,
         batch_size=batch_size,
         batch_wait=float(batch_wait),
+        give_up_after=give_up_after,
     )
 
 
@@ -123,8 +130,9 @@ def _positive_int(name: str, value: object) -> int:
 class HandlerStats:
     """What one handler of a service has done since ``run()`` started (messages, not calls).
 
-    Messages abandoned by a stop, a restart or an ack timeout (left to redelivery)
-    count in none of ``handled``, ``rejected`` and ``failed``.
+    Each message the handler resolved counts in exactly one of ``handled``,
+    ``rejected``, ``failed`` and ``gave_up``. Messages abandoned by a stop, a
+    restart or an ack timeout (left to redelivery) count in none of them.
 
     Attributes:
         id: The handler id.
@@ -132,6 +140,9 @@ class HandlerStats:
             result).
         rejected: Rejected: ``Reject`` raised, or returned for it by a batch handler.
         failed: Failed after every attempt: the broker redelivers them.
+        gave_up: Rejected by ``give_up_after``: failed at ``Message.attempt >=
+            give_up_after``, or handed with ``attempt > give_up_after`` (never
+            called). They are dead-lettered once every handler is done with them.
         retried: Retries made (a call of 3 attempts on a batch of 10 counts 20).
         in_progress: Messages in a handler call right now (retry backoffs included).
         redeliveries_skipped: Redelivered copies this handler was not handed
@@ -145,6 +156,7 @@ class HandlerStats:
     retried: int
     in_progress: int
     redeliveries_skipped: int = 0
+    gave_up: int = 0
 
 
 class HandlerCounters:
@@ -152,6 +164,7 @@ class HandlerCounters:
 
     __slots__ = (
         "failed",
+        "gave_up",
         "handled",
         "in_progress",
         "live",
@@ -164,6 +177,7 @@ class HandlerCounters:
         self.handled = 0
         self.rejected = 0
         self.failed = 0
+        self.gave_up = 0
         self.retried = 0
         self.in_progress = 0
         #: The handler's latest subscription; its group counts the skipped copies.
@@ -189,4 +203,5 @@ class HandlerCounters:
             in_progress=self.in_progress,
             redeliveries_skipped=self.skipped_in_ended_groups
             + (self.live.redeliveries_skipped if self.live is not None else 0),
+            gave_up=self.gave_up,
         )

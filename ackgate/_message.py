@@ -28,9 +28,15 @@ class Message:
         headers: The message's headers (Kafka headers, SQS message attributes,
             Pub/Sub attributes, Service Bus application properties) as bytes.
         lane: ``producer.get_advance_lane(payload)``: the unit of ``ordering="lane"``.
-        attempt: How many times the broker has delivered it, where the broker
-            counts that (SQS, Pub/Sub with a dead-letter policy, Service Bus);
-            ``None`` elsewhere (Kafka, memory).
+        attempt: How many times it was delivered, this delivery included: an
+            ``int >= 1`` on every adapter of ackgate. The broker's own count where
+            it keeps one (SQS ``ApproximateReceiveCount``, Pub/Sub
+            ``delivery_attempt`` on a subscription with a dead-letter policy,
+            Service Bus ``delivery_count + 1``), which survives restarts; elsewhere
+            (memory, Pub/Sub without that policy) the producer counts the
+            deliveries it made, from 1 again in a new producer (a restart). A
+            handler's ``give_up_after`` compares against it. ``None`` only from a
+            producer that counts nothing (the default ``to_message``).
         raw: The adapter's native object (a Kafka record, an SQS message dict, ...).
     """
 

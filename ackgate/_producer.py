@@ -32,6 +32,10 @@ class SharedStreamProducer(ABC):
     :meth:`to_message` is optional: a :class:`~ackgate.Service` calls it to turn each
     event into the :class:`~ackgate.Message` its handlers receive.
 
+    :meth:`dead_letter_destination` is optional: a producer that stores rejected
+    events somewhere (a dead-letter topic or queue) says where, so that a service
+    may give up on poison messages (``give_up_after``) without dropping them.
+
     :meth:`open_stream_batches` is optional too: a producer whose broker fetches
     many events at once (Kafka) yields them as one :class:`~ackgate.EventBatch`,
     and the group then takes them in one step instead of one per event.
@@ -147,6 +151,23 @@ class SharedStreamProducer(ABC):
             lane=self.get_advance_lane(broker_payload),
             raw=raw_event,
         )
+
+    def dead_letter_destination(self) -> str | None:
+        """Where :meth:`advance` stores a rejected event, for people: ``None`` if nowhere.
+
+        A *rejected* event is one whose outcome has ``rejected >= 1`` and
+        ``failed == 0``. Return a short description of the place (``"Kafka topic
+        orders.dlq"``) when :meth:`advance` always stores such an event there, with
+        its reasons, before moving the broker past it; return ``None`` (the
+        default) when it does anything else (commits past it with a log line,
+        hands it back to the broker's own redelivery or redrive policy).
+
+        A :class:`~ackgate.Service` calls it once per group, synchronously, right
+        after the factory made the producer (before :meth:`open_stream`): no I/O.
+        A service with a handler that sets ``give_up_after`` refuses to start on a
+        producer that returns ``None``: giving up must never drop a message.
+        """
+        return None
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, empty by design
         """Release the broker connection. Best-effort.

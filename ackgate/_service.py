@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
-from ackgate._convert import converting
+from ackgate._convert import DeadLetterMissing, converting
 from ackgate._errors import StreamTerminated
 from ackgate._handlers import HandlerCounters, HandlerSpec, HandlerStats, Ordering, check_spec
 from ackgate._manager import SharedStreamManager
@@ -114,7 +114,7 @@ class Service:
         self.key = key
         self._manager = SharedStreamManager(**options) if manager is None else manager
         self._owns_manager = manager is None
-        self._factory = converting(producer)
+        self._factory = converting(producer, self._giving_up)
         self._restart_backoff = float(restart_backoff)
         self._max_restart_backoff = float(max_restart_backoff)
         self._specs: dict[str, HandlerSpec] = {}
@@ -143,6 +143,7 @@ class Service:
         retry: Retry = Retry(),  # noqa: B008 - immutable
         batch_size: int = 1,
         batch_wait: float = 0.0,
+        give_up_after: int | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated ``async def`` as handler ``handler_id``; return it unchanged.
 
@@ -165,6 +166,28 @@ class Service:
         fails all. ``concurrency`` counts batch calls (more than one needs
         ``ordering="none"``).
 
+        ``give_up_after`` (an ``int >= 1``, default ``None``: never) stops a poison
+        message from coming back forever. When the handler fails a message (after
+        every ``retry`` call) whose :attr:`Message.attempt` is ``>= give_up_after``,
+        the failure becomes a reject for this handler, with the reason ``"gave up
+        after N attempts: ExcType: message"``: the message is dead-lettered once
+        every handler is done with it, and the stream moves on. A message handed to
+        the handler with ``attempt > give_up_after`` was delivered that many times
+        before without this handler resolving it (a handler that kills the process
+        on it never *fails* it, and neither does a hung call cut short by the ack
+        timeout): it is rejected without calling the handler, with the reason
+        ``"gave up after N attempts: not resolved by any of them (...)"``. Both are
+        logged at WARNING and counted in ``HandlerStats.gave_up``. ``attempt``
+        counts deliveries of the message, not calls of this handler: a message
+        redelivered because *another* handler failed it counts up too. For a batch
+        handler each message of a failed batch is judged by its own ``attempt``:
+        those at ``give_up_after`` or more are given up, the rest fail; messages
+        past ``give_up_after`` are left out of the call. A service with
+        ``give_up_after`` on any handler refuses to start (``run()`` raises
+        ``ValueError``) when the producer has no dead-letter destination
+        (:meth:`SharedStreamProducer.dead_letter_destination` is ``None``): giving
+        up never drops a message.
+
         Ids are unique (``ValueError``); registering once ``run()`` started is a
         ``RuntimeError``. Invalid options are a ``ValueError`` (``TypeError`` for a
         function that is not ``async def``, or ``retry`` not a ``Retry``).
@@ -185,6 +208,7 @@ class Service:
                 retry=retry,
                 batch_size=batch_size,
                 batch_wait=batch_wait,
+                give_up_after=give_up_after,
             )
             self._specs[spec.id] = spec
             self._counters[spec.id] = HandlerCounters()
@@ -192,12 +216,22 @@ class Service:
 
         return register
 
+    def _giving_up(self) -> dict[str, int]:
+        return {
+            spec.id: spec.give_up_after
+            for spec in self._specs.values()
+            if spec.give_up_after is not None
+        }
+
     # -- running -------------------------------------------------------------------
 
     async def run(self) -> None:
         """Run the handlers until :meth:`stop` (or cancellation); then return.
 
-        ``ValueError`` without handlers; ``RuntimeError`` if called twice. When the
+        ``ValueError`` without handlers; ``RuntimeError`` if called twice;
+        ``ValueError`` when the first producer is made, if a handler sets
+        ``give_up_after`` and the producer has no dead-letter destination (never
+        retried: every producer from that factory would be refused). When the
         group ends it is logged and started again after the restart backoff; a
         handler force-failed by the ack timeout is subscribed again at once.
 
@@ -244,6 +278,8 @@ class Service:
             cause = await self._session()
             if cause is None or self._stopping.is_set():
                 return
+            if isinstance(cause.__cause__, DeadLetterMissing):
+                raise cause.__cause__  # every new producer would be refused the same way
             if self._progress() != progress:
                 delay = self._restart_backoff
             self._restarts += 1
@@ -283,7 +319,7 @@ class Service:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     def _progress(self) -> int:
-        return sum(c.handled + c.rejected + c.failed for c in self._counters.values())
+        return sum(c.handled + c.rejected + c.failed + c.gave_up for c in self._counters.values())
 
     # -- stopping ------------------------------------------------------------------
 

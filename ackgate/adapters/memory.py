@@ -59,6 +59,7 @@ from collections.abc import AsyncIterator, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ackgate._deliveries import DeliveryCounts
 from ackgate._message import Message
 from ackgate._outcome import AdvanceItem, AdvanceOutcome
 from ackgate._producer import SharedStreamProducer
@@ -284,6 +285,8 @@ class MemoryStreamProducer(SharedStreamProducer):
         self._fetch: list[int] = []
         self._wake: asyncio.Event | None = None
         self._counts = dict.fromkeys(MemoryProducerStats.__dataclass_fields__, 0)
+        #: Deliveries per ``(partition, offset)`` in this producer's life: ``Message.attempt``.
+        self._deliveries = DeliveryCounts()
 
     @property
     def stats(self) -> MemoryProducerStats:
@@ -326,6 +329,7 @@ class MemoryStreamProducer(SharedStreamProducer):
             if offset < len(log[p]):
                 self._fetch[p] = offset + 1
                 self._counts["delivered"] += 1
+                self._deliveries.add((p, offset))
                 if offset < high[p]:
                     self._counts["redelivered"] += 1
                 else:
@@ -350,9 +354,11 @@ class MemoryStreamProducer(SharedStreamProducer):
     def to_message(self, raw_event: Any, broker_payload: Any) -> Message:
         """The record as a :class:`~ackgate.Message`: its value as ``body``, its key,
         id ``"<topic>/<partition>/<offset>"``, lane = partition, ``raw`` = the
-        :class:`Record`. Memory records have no headers and no delivery count
-        (``attempt`` is ``None``). A :class:`~ackgate.Service` needs ``bytes``
-        values: any other value is a ``TypeError``.
+        :class:`Record`, no headers. ``attempt`` counts the deliveries of the record
+        by this producer (1 the first time; a seek-back delivers the held record and
+        every later one of its partition again); a new producer counts from 1 again.
+        A :class:`~ackgate.Service` needs ``bytes`` values: any other value is a
+        ``TypeError``.
         """
         position: Position = broker_payload
         if not isinstance(raw_event, bytes):
@@ -367,8 +373,13 @@ class MemoryStreamProducer(SharedStreamProducer):
             id=f"{position.topic}/{position.partition}/{position.offset}",
             key=record.key,
             lane=position.partition,
+            attempt=self._deliveries.get((position.partition, position.offset)) or 1,
             raw=record,
         )
+
+    def dead_letter_destination(self) -> str:
+        """``"memory topic <topic>.dlq"``: every rejected record is copied there."""
+        return f"memory topic {self._topic}{DLQ_SUFFIX}"
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """Commit, dead-letter or hold each event of ``batch`` in order (see the module docstring).

@@ -10,6 +10,7 @@ def test_public_names_are_pinned() -> None:
             "AdvanceItem",
             "AdvanceOutcome",
             "BoundBatch",
+            "DeliveryCounts",
             "EventBatch",
             "GroupStats",
             "HandlerStats",

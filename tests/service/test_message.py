@@ -45,7 +45,7 @@ def test_memory_to_message(broker: MemoryBroker) -> None:
     assert message.key == b"alice"
     assert message.id == f"orders/{position.partition}/{position.offset}"
     assert message.lane == position.partition == producer.get_advance_lane(position)
-    assert message.attempt is None and dict(message.headers) == {}
+    assert message.attempt == 1 and dict(message.headers) == {}
     assert isinstance(message.raw, Record) and message.raw.value == b'{"n": 1}'
 
 
