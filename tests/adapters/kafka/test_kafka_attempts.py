@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import TopicPartition
@@ -198,13 +200,67 @@ async def test_a_crash_loop_counts_attempts_up_across_restarts(
     assert [int(a) for o, a in calls if o == "2"] == [1, 2, 3]
 
 
-def run_to_death(command: list[str], workdir: Path) -> int:
-    """Run the consumer until it exits (it kills itself); its return code."""
+async def test_a_crash_loop_with_give_up_after_dead_letters_the_message_and_moves_on(
+    kafka: KafkaTestCluster, tmp_path: Path
+) -> None:
+    """The worker dies on message 2 before it can fail it, so no failure ever turns into
+    a reject: on the delivery past ``give_up_after`` (attempt 4 of 3) the worker is not
+    called again and gives the message up, unresolved."""
+    topic, group, dlq = kafka.unique("giveup"), kafka.unique("g"), kafka.unique("dlq")
+    await kafka.create_topic(topic, 1)
+    await kafka.create_topic(dlq, 1)
+    await kafka.produce(topic, 5, 1)
+    command = [sys.executable, str(HERE / "crashloop_consumer.py"), kafka.bootstrap]
+    command += [topic, group, dlq, str(tmp_path), "2", "3"]
+    for _ in range(3):
+        assert run_to_death(command, tmp_path) == -9, "it should die on message 2; see err"
+    last = start(command, tmp_path)
+    try:
+        async with asyncio.timeout(90):
+            await kafka.wait_committed_to_end(group, topic, 1)
+        (record,) = await kafka.read_all(dlq, 1)
+    finally:
+        last.send_signal(signal.SIGTERM)
+        assert last.wait(timeout=30) == 0
+    assert record.value == b"2"
+    reason = dict(record.headers)["ackgate.reason"].decode()
+    assert reason.startswith("rejected by 1 of 2 subscribers: worker: gave up after 3 attempts")
+    worker = [line.split() for line in (tmp_path / "worker.log").read_text().splitlines()]
+    auditor = [line.split() for line in (tmp_path / "auditor.log").read_text().splitlines()]
+    assert [int(a) for o, a in worker if o == "2"] == [1, 2, 3]  # never called a 4th time
+    assert [int(a) for o, a in auditor if o == "2"][-1] == 4  # the auditor handled it
+    assert {o for o, _ in worker} == {o for o, _ in auditor} == {"0", "1", "2", "3", "4"}
+
+
+def test_give_up_after_without_a_dlq_topic_is_refused_at_start() -> None:
+    service = Service(
+        "refused",
+        producer=lambda: KafkaStreamProducer("t", bootstrap_servers="127.0.0.1:1", group_id="g"),
+    )
+
+    @service.handler("worker", give_up_after=3)
+    async def worker(message: Message) -> None:
+        pass
+
+    with pytest.raises(ValueError, match=r"'worker' sets give_up_after=3.*dlq_topic"):
+        asyncio.run(service.run())
+    with_dlq = KafkaStreamProducer(
+        "t", bootstrap_servers="127.0.0.1:1", group_id="g", dlq_topic="t.dlq"
+    )
+    assert with_dlq.dead_letter_destination() == "Kafka topic t.dlq"
+
+
+def start(command: list[str], workdir: Path) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     }
-    process = subprocess.Popen(command, env=env, stderr=(workdir / "err").open("ab"))
+    return subprocess.Popen(command, env=env, stderr=(workdir / "err").open("ab"))
+
+
+def run_to_death(command: list[str], workdir: Path) -> int:
+    """Run the consumer until it exits (it kills itself); its return code."""
+    process = start(command, workdir)
     try:
         return process.wait(timeout=90)
     finally:

@@ -69,6 +69,11 @@ class PartitionState:
     # delivered at least once; ``counts`` holds the ones delivered more than once.
     seen_next: int = 0
     counts: dict[int, int] = field(default_factory=dict)
+    # Offsets the map said were delivered twice or more and not finished: earlier lives
+    # died with them in flight (maybe on them). Yielded one at a time, each once the
+    # one before is committed (``_chunks``), so a crash loop counts up only the offset
+    # it dies on. Invariant: a subset of ``counts``, all >= ``committed_next``.
+    careful: set[int] = field(default_factory=set)
 
     def count_deliveries(self, records: Sequence[Any]) -> tuple[list[int], bool]:
         """Count one more delivery of each record (in offset order); return their attempt
@@ -95,12 +100,24 @@ class PartitionState:
         if committed is None:
             return
         self.counts = {o: n for o, n in self.counts.items() if o >= committed}
+        self.careful = set()
         if offset_map is not None:
             self.finished = offset_map.finished
             self.seen_next = max(self.seen_next, offset_map.delivered_next)
             for offset, n in offset_map.counts.items():
                 if n > self.counts.get(offset, 0):
                     self.counts[offset] = n
+                if n >= 2 and offset not in self.finished:
+                    self.careful.add(offset)
+
+    def careful_piece(self, records: Sequence[Any]) -> Sequence[Any]:
+        """The first record alone if it is careful, else the records before the first
+        careful one."""
+        careful = self.careful
+        for i, record in enumerate(records):
+            if record.offset in careful:
+                return records[: i or 1]
+        return records
 
     def finish(self, offset: int) -> None:
         if self.committed_next is None or offset > self.committed_next:
@@ -111,6 +128,8 @@ class PartitionState:
         self.finished.drop_below(offset + 1)
         if self.counts:
             self.counts = {o: n for o, n in self.counts.items() if o >= offset}
+        if self.careful:
+            self.careful = {o for o in self.careful if o >= offset}
 
     def drained(self) -> bool:
         """True when everything yielded in this epoch is committed (or can never be)."""

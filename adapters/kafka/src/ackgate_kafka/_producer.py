@@ -224,6 +224,12 @@ class KafkaStreamProducer(SharedStreamProducer):
         tp: Hashable = broker_payload.tp
         return tp
 
+    def dead_letter_destination(self) -> str | None:
+        """``"Kafka topic <dlq_topic>"``, or ``None`` without ``dlq_topic`` (a rejected
+        record is then committed past with a WARNING: a service that gives up on
+        messages, ``give_up_after``, is refused)."""
+        return None if self._dlq_topic is None else f"Kafka topic {self._dlq_topic}"
+
     def get_event_id(self, broker_payload: Any) -> Hashable:
         """``(topic, partition, offset)``: the same record however often it is fetched."""
         record = broker_payload.record
@@ -299,23 +305,31 @@ class KafkaStreamProducer(SharedStreamProducer):
         Before a chunk that redelivers an offset, or the first chunk of an assignment, a
         commit at the committed offset records the new counts in its metadata, so a
         process that dies on the chunk's messages counts up on its next start.
+
+        An offset that earlier lives delivered twice or more without finishing it (a
+        crash loop, ``PartitionState.careful``) is yielded alone, and nothing after it
+        until it is committed past (or held, or revoked): the next life then knows which
+        offset the process died on, and the offsets around it do not count up with it.
         """
         batches = self._partition_batches()
         new_delivery = tuple.__new__
         try:
             async for tp, part, epoch, fetched in batches:
-                for start in range(0, len(fetched), _BATCH_RECORDS):
+                at = 0
+                while at < len(fetched):
                     if part.epoch != epoch or part.draining:
                         break
-                    records = fetched[start : start + _BATCH_RECORDS]
-                    first = records[0].offset
+                    records = fetched[at : at + _BATCH_RECORDS]
+                    if part.careful:
+                        records = part.careful_piece(records)
+                    at += len(records)
                     if part.finished:
                         records = [r for r in records if r.offset not in part.finished]
                         if not records:
                             continue
                     attempts, redelivered = part.count_deliveries(records)
                     if redelivered or part.announce:
-                        await self._record_deliveries(tp, part, epoch, first)
+                        await self._record_deliveries(tp, part, epoch, fetched[0].offset)
                         if part.epoch != epoch or part.draining:
                             break
                     yield (
@@ -326,6 +340,10 @@ class KafkaStreamProducer(SharedStreamProducer):
                             for record, attempt in zip(records, attempts, strict=True)
                         ],
                     )
+                    offset = records[0].offset
+                    if offset in part.careful:
+                        await self._committed_past(part, epoch, offset)
+                        part.careful.discard(offset)
         finally:
             await batches.aclose()
 
@@ -520,6 +538,17 @@ class KafkaStreamProducer(SharedStreamProducer):
                     offset_map = decoded
             part.load(offset, offset_map)
 
+    async def _committed_past(self, part: PartitionState, epoch: int, offset: int) -> None:
+        """Wait until ``offset`` is committed past, held or revoked (advance and revoke
+        set ``_progress``)."""
+        while (
+            part.epoch == epoch
+            and not part.draining
+            and (part.committed_next is None or part.committed_next <= offset)
+        ):
+            self._progress.clear()
+            await self._progress.wait()
+
     async def _record_deliveries(
         self, tp: Any, part: PartitionState, epoch: int, first: int
     ) -> None:
@@ -601,6 +630,7 @@ class KafkaStreamProducer(SharedStreamProducer):
                 part.owned = False
                 part.draining = False
                 part.new_epoch(next(self._epochs))
+        self._progress.set()
         log.info(
             "Partitions revoked group=%s: %s",
             self._group_id,
