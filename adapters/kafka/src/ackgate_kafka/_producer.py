@@ -44,6 +44,9 @@ producer's life (one group life), and carried in the map for the offsets at and 
 the committed one. Before yielding an offset delivered before, and before the first
 records of an assignment, the producer commits the committed offset again with the
 new counts, so a service that dies on a message (a crash loop) counts up on every start.
+An offset that earlier lives delivered twice or more without finishing it is yielded
+alone, and nothing after it until it is committed past: a crash loop then dies on that
+offset only, and only its count goes up (``give_up_after`` can end the loop).
 
 **Redelivery after a hold, and why nothing is committed twice or too far.** Every
 yielded delivery carries the *epoch* of its partition at fetch time. Holding at
