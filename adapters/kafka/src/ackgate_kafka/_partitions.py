@@ -97,10 +97,10 @@ class PartitionState:
         """Start this assignment from the broker's commit and its (trusted) map."""
         self.committed_next = committed
         self.map_loaded = True
+        self.careful = set()
         if committed is None:
             return
         self.counts = {o: n for o, n in self.counts.items() if o >= committed}
-        self.careful = set()
         if offset_map is not None:
             self.finished = offset_map.finished
             self.seen_next = max(self.seen_next, offset_map.delivered_next)
