@@ -8,12 +8,14 @@ the consumer (this file with ``consume``: an ``ackgate.Service`` whose handlers
 ``indexer``, ``auditor`` and ``notifier`` each log every message they handled) as a
 subprocess, SIGKILLs it ``--kills`` times at even steps of progress (messages handled by
 the indexer) and runs it once more until everything is committed. The notifier
-(``Retry(attempts=2)``) fails every call of ``--fail-every``'th message (1 % by default)
-(by offset, in every partition) the first time this process is handed it, so that
+(``Retry(attempts=2)``) fails every call of ``--fail-percent`` of the messages (1 % by
+default, by offset, in every partition) the first time this process is handed it, so that
 delivery fails for the broker: the partition is held there and the message
-redelivered, while the messages after it are handled. A kill then loses the process's memory of what it handled past the held
-offsets; the offset map committed with them is what spares the restart from replaying
-them.
+redelivered, while the messages after it are handled. A kill then loses the process's
+memory of what it handled past the held offsets; the offset map committed with them is
+what spares the restart from replaying them. What the handlers did not all finish is
+replayed to all of them: with fast handlers far ahead of a slow one, that is up to
+``--max-outstanding`` messages per kill.
 
 Prints, per handler, the messages handled more than once (duplicates, as a share of
 the messages) and fails if any message was not handled by every handler. ``--json``

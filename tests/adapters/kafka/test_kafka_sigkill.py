@@ -26,7 +26,7 @@ def test_sigkills_lose_nothing_and_duplicates_are_reported(
     kafka: KafkaTestCluster, tmp_path: Path
 ) -> None:
     command = [sys.executable, str(SCRIPT), "--bootstrap", kafka.bootstrap, "--json"]
-    command += ["--messages", str(MESSAGES), "--kills", "2", "--max-outstanding", "500"]
+    command += ["--messages", str(MESSAGES), "--kills", "2", "--max-outstanding", "200"]
     command += ["--workdir", str(tmp_path), "--timeout", "120"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=os.environ)
     assert done.returncode == 0, done.stderr[-3000:]
