@@ -4,9 +4,10 @@
 :class:`MessageProducer` wraps the user's producer. Its stream yields
 ``(producer.to_message(raw, payload), payload)``, so every handler receives the same
 ``Message`` object, and everything else is the inner producer's: ``advance``,
-``get_advance_lane``, ``get_event_id`` and ``aclose`` are delegated unchanged.
-:class:`BatchMessageProducer` does the same for a producer that yields
-:class:`~ackgate.EventBatch` es, one ``to_messages`` call per batch.
+``get_advance_lane``, ``get_event_id`` and ``aclose`` are delegated unchanged
+(``advance`` counted once it returned). :class:`BatchMessageProducer` does the same
+for a producer that yields :class:`~ackgate.EventBatch` es, one ``to_messages`` call
+per batch. :class:`Converting` is the factory that makes them, once per group life.
 
 A conversion error ends the group loudly (``StreamTerminated``, the error as
 ``__cause__``) rather than rejecting the one message: ``to_message`` failing is an
@@ -30,8 +31,9 @@ from ackgate._producer import SharedStreamProducer
 class MessageProducer(SharedStreamProducer):
     """``inner`` with ``Message`` raw events. Opens nothing until :meth:`open_stream`."""
 
-    def __init__(self, inner: SharedStreamProducer) -> None:
+    def __init__(self, inner: SharedStreamProducer, owner: Converting) -> None:
         self._inner = inner
+        self._owner = owner
 
     async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
         """The inner stream, converted. Cancelled at a yield or while the inner stream
@@ -61,6 +63,7 @@ class MessageProducer(SharedStreamProducer):
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """The inner producer's ``advance``; raising or cancellation as there."""
         await self._inner.advance(batch)
+        self._owner.advanced(len(batch))
 
     async def aclose(self) -> None:
         """The inner producer's ``aclose``; it is awaited once, as the group awaits this."""
@@ -92,33 +95,56 @@ class BatchMessageProducer(MessageProducer):
 class DeadLetterMissing(ValueError):
     """A handler sets ``give_up_after`` and the producer has no dead-letter destination.
 
-    A configuration error that every new producer repeats: supervision does not
-    restart on it, ``run()`` raises it.
+    A configuration error that every new producer repeats: like any other error of
+    the factory, supervision does not restart on it, ``run()`` raises it.
     """
 
 
-def converting(
-    factory: Callable[[], SharedStreamProducer],
-    giving_up: Callable[[], Mapping[str, int]] = dict,
-) -> Callable[[], MessageProducer]:
-    """A factory for the group: calls ``factory`` once per group and wraps what it made.
+class Converting:
+    """The factory a service gives its group: calls the user's ``factory`` once per
+    group life and wraps what it made. Caller: the group's poll, one call per life.
 
-    ``giving_up()`` names the handlers that set ``give_up_after`` (handler id ->
-    its value); see :func:`check_dead_letter`.
+    ``giving_up()`` names the handlers that set ``give_up_after`` (handler id -> its
+    value); see :func:`check_dead_letter`. It also keeps what the service's
+    supervision needs to tell a configuration error from an outage: the exception
+    the factory itself raised (or the refusal of what it made), and how many events
+    the producers it made have advanced.
     """
 
-    def make() -> MessageProducer:
-        inner = factory()
-        if not isinstance(inner, SharedStreamProducer):
-            raise TypeError(
-                f"producer() must return a SharedStreamProducer, got {type(inner).__name__}"
-            )
-        check_dead_letter(inner, giving_up())
+    def __init__(
+        self,
+        factory: Callable[[], SharedStreamProducer],
+        giving_up: Callable[[], Mapping[str, int]] = dict,
+    ) -> None:
+        self._factory = factory
+        self._giving_up = giving_up
+        #: The exception of the last call that did not produce a producer (the factory
+        #: raised, returned something else, or made a producer refused by
+        #: :func:`check_dead_letter`); ``None`` after a call that did.
+        self.failure: Exception | None = None
+        #: Events advanced by every producer made so far: grows only once an
+        #: ``advance`` call returned, so a failed commit is not progress.
+        self.advanced_events = 0
+
+    def __call__(self) -> MessageProducer:
+        self.failure = None
+        try:
+            inner = self._factory()
+            if not isinstance(inner, SharedStreamProducer):
+                raise TypeError(
+                    f"producer() must return a SharedStreamProducer, got {type(inner).__name__}"
+                )
+            check_dead_letter(inner, self._giving_up())
+        except Exception as exc:
+            self.failure = exc
+            raise
         if type(inner).open_stream_batches is not SharedStreamProducer.open_stream_batches:
-            return BatchMessageProducer(inner)
-        return MessageProducer(inner)
+            return BatchMessageProducer(inner, self)
+        return MessageProducer(inner, self)
 
-    return make
+    def advanced(self, count: int) -> None:
+        """Caller: a producer made here, once its inner ``advance`` returned."""
+        self.advanced_events += count
 
 
 def check_dead_letter(producer: SharedStreamProducer, giving_up: Mapping[str, int]) -> None:

@@ -6,8 +6,12 @@ of them run in one event loop. The first SIGTERM or SIGINT stops every service
 gracefully (``stop(timeout=--shutdown-timeout)``); a second one stops them at once
 (their ``run()`` is cancelled: calls in progress fail and are redelivered).
 
-Exit status: 0 after a graceful stop; 1 when a service failed, or a second signal
-cut the stop short; 2 for a bad target (one line on stderr, no traceback).
+Exit status: 0 after a graceful stop; 1 when a service failed (its ``run()`` raised:
+a producer factory's configuration error, ``--max-restarts`` reached, ...; the
+others are stopped gracefully first), a module raised while being imported, or a
+second signal cut the stop short; 2 for a bad command line or target; ``n`` when a
+service's ``run()`` raised ``SystemExit(n)`` (the others are stopped gracefully
+first). A failure is one line on stderr; its traceback only with ``--log-level DEBUG``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import logging
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,11 +38,16 @@ Run one or more ackgate Services (MODULE:ATTR names a Service, or a list of them
 the current directory is importable). SIGTERM or SIGINT stops them gracefully: no
 new message is handed to a handler, calls in progress get --shutdown-timeout
 seconds, what finished is committed. A second signal stops at once. Exit 0 after a
-graceful stop, 1 when a service failed or the stop was forced, 2 for a bad target."""
+graceful stop; 1 when a service failed (the others are stopped gracefully), a module
+raised while imported, or the stop was forced; 2 for a bad command line or target."""
 
 
 class BadTarget(Exception):
     """A ``MODULE:ATTR`` that does not name services; the message is the one line shown."""
+
+
+class ImportFailed(Exception):
+    """The module of a target exists but raised while being imported (its ``__cause__``)."""
 
 
 def _seconds(text: str) -> float:
@@ -47,6 +57,16 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 
@@ -78,6 +98,16 @@ def add_parser(commands: Any) -> None:
         metavar="LEVEL",
         help=f"one of {', '.join(LOG_LEVELS)} (default: %(default)s)",
     )
+    run.add_argument(
+        "--max-restarts",
+        type=_count,
+        metavar="N",
+        help=(
+            "every service fails (exit 1) when its group ended again after N restarts in a "
+            "row with no message advanced; overrides each service's restart_limit "
+            "(default: the services' own, unlimited unless set)"
+        ),
+    )
 
 
 def run_command(opts: argparse.Namespace) -> int:
@@ -90,15 +120,37 @@ def run_command(opts: argparse.Namespace) -> int:
     except BadTarget as error:
         print(f"ackgate run: {error}", file=sys.stderr)
         return 2
+    except ImportFailed as error:
+        cause = error.__cause__
+        assert cause is not None
+        debug = opts.log_level == "DEBUG"
+        if debug:
+            traceback.print_exception(cause)
+        print(f"ackgate run: {error}: {_one_line(cause, debug=debug)}", file=sys.stderr)
+        return 1
+    if opts.max_restarts is not None:
+        for service in services:
+            service._set_restart_limit(opts.max_restarts)
     return asyncio.run(serve(services, opts.shutdown_timeout))
+
+
+def _one_line(error: BaseException, *, debug: bool) -> str:
+    """``error`` and its notes on one line, for an operator; the traceback is for DEBUG."""
+    text = " ".join(f"{type(error).__name__}: {error}".split())
+    for note in getattr(error, "__notes__", ()):
+        text += f"; {note}"
+    if not debug:
+        text += " (--log-level DEBUG shows the traceback)"
+    return text
 
 
 def load_services(targets: Sequence[str]) -> list[Service]:
     """Import every ``MODULE:ATTR`` (cwd first on ``sys.path``); the services, deduplicated.
 
     ``BadTarget`` when a target is malformed, its module does not exist, the
-    attribute is missing, or it is not a Service or a non-empty list of them. Any
-    other error raised while importing the module propagates (it is a bug there).
+    attribute is missing, or it is not a Service or a non-empty list of them.
+    ``ImportFailed`` when the module raised an ``Exception`` while being imported (a
+    bug or a configuration error there; a missing module it imports is one too).
     """
     cwd = os.getcwd()
     if cwd not in sys.path:
@@ -119,8 +171,11 @@ def _load(target: str) -> list[Service]:
     except ModuleNotFoundError as error:
         missing = error.name or ""
         if missing != module_name and not module_name.startswith(missing + "."):
-            raise  # the module exists but imports something missing: its own bug
+            # The module exists but imports something missing: its own bug.
+            raise ImportFailed(f"importing {module_name!r} failed") from error
         raise BadTarget(f"cannot import {module_name!r}: no module named {missing!r}") from None
+    except Exception as error:
+        raise ImportFailed(f"importing {module_name!r} failed") from error
     for attr in attr_path.split("."):
         try:
             value = getattr(value, attr)
@@ -142,28 +197,41 @@ def _load(target: str) -> list[Service]:
 async def serve(services: Sequence[Service], shutdown_timeout: float) -> int:
     """Run ``services`` until a signal (or a failure) stops them; return the exit status.
 
+    A ``SystemExit`` or ``KeyboardInterrupt`` out of a service's ``run()`` stops the
+    others gracefully too, then propagates (the process exits with its code).
     Cancellation cancels every service's ``run()`` and propagates.
     """
     loop = asyncio.get_running_loop()
     runs = [
-        loop.create_task(service.run(), name=f"ackgate run {service.key!r}") for service in services
+        loop.create_task(_running(service), name=f"ackgate run {service.key!r}")
+        for service in services
     ]
+    exiting: BaseException | None = None
     stopping: asyncio.Task[Any] | None = None
-    forced = False
+    signalled = forced = False
 
-    def stop_all(reason: str) -> None:
-        nonlocal stopping, forced
+    def stop_all(reason: str | None) -> None:
+        """``reason``: the signal received; ``None`` when a service failed."""
+        nonlocal stopping, signalled, forced
         if stopping is None:
-            logger.info(
-                "%s: stopping gracefully (up to %gs); send the signal again to stop at once",
-                reason,
-                shutdown_timeout,
-            )
+            signalled = reason is not None
+            if reason is not None:
+                logger.info(
+                    "%s: stopping gracefully (up to %gs); send the signal again to stop at once",
+                    reason,
+                    shutdown_timeout,
+                )
+            elif pending:
+                logger.info(
+                    "stopping the other services gracefully (up to %gs); a signal stops them "
+                    "at once",
+                    shutdown_timeout,
+                )
             stopping = loop.create_task(_stop_all(services, shutdown_timeout))
             return
-        if not forced:
+        if reason is not None and not forced:
             forced = True
-            logger.warning("%s again: stopping at once", reason)
+            logger.warning("%s%s: stopping at once", reason, " again" if signalled else "")
             for run in runs:
                 run.cancel()
 
@@ -176,12 +244,27 @@ async def serve(services: Sequence[Service], shutdown_timeout: float) -> int:
             for run in done:
                 if run.cancelled():
                     continue
+                key = services[runs.index(run)].key
                 error = run.exception()
                 if error is not None:
                     failed = True
-                    logger.error("%s failed", run.get_name(), exc_info=error)
-            if failed and stopping is None:
-                stop_all("a service failed")
+                    debug = logger.isEnabledFor(logging.DEBUG)
+                    logger.error(
+                        "service %r failed: %s",
+                        key,
+                        _one_line(error, debug=debug),
+                        exc_info=error if debug else None,
+                    )
+                elif (exc := run.result()) is not None:
+                    logger.warning(
+                        "service %r raised %r: the process exits with it once every service "
+                        "stopped",
+                        key,
+                        exc,
+                    )
+                    exiting = exiting or exc
+            if (failed or exiting is not None) and stopping is None:
+                stop_all(None)
         if stopping is not None:
             await asyncio.gather(stopping, return_exceptions=True)
     finally:
@@ -189,7 +272,20 @@ async def serve(services: Sequence[Service], shutdown_timeout: float) -> int:
         for run in runs:
             run.cancel()
         await asyncio.gather(*runs, return_exceptions=True)
+    if exiting is not None:
+        raise exiting
     return 1 if failed or forced else 0
+
+
+async def _running(service: Service) -> BaseException | None:
+    """``service.run()``, with a ``SystemExit`` or ``KeyboardInterrupt`` it raises
+    returned instead: raised in a task, it would leave the event loop at once and the
+    other services would be cancelled rather than stopped gracefully."""
+    try:
+        await service.run()
+    except (SystemExit, KeyboardInterrupt) as exc:
+        return exc
+    return None
 
 
 async def _stop_all(services: Sequence[Service], seconds: float) -> None:

@@ -7,8 +7,10 @@ resolve the tickets bound to their messages (SPEC §8). The producer is wrapped 
 each event is converted to a :class:`~ackgate.Message` once (:mod:`ackgate._convert`).
 
 Lifecycle: *new* (handlers may be registered) → *running* (``run()``) → *stopped*.
-While running, a group that ends (upstream failure, advance failure, factory
-failure) is restarted after an exponential backoff; ``stop()`` ends the running.
+While running, a group that ends (upstream failure, advance failure) is restarted
+after an exponential backoff; ``stop()`` ends the running. Two ends are final:
+the producer factory raising (a configuration error, which no restart mends), and
+``restart_limit`` restarts in a row with nothing advanced: ``run()`` raises.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
-from ackgate._convert import DeadLetterMissing, converting
+from ackgate._convert import Converting, DeadLetterMissing
 from ackgate._errors import StreamTerminated
 from ackgate._handlers import HandlerCounters, HandlerSpec, HandlerStats, Ordering, check_spec
 from ackgate._manager import SharedStreamManager
@@ -67,6 +69,16 @@ class Service:
     after ``restart_backoff`` seconds, doubling per consecutive restart up to
     ``max_restart_backoff`` (back to ``restart_backoff`` once a handler finished a
     message in the meantime).
+
+    Supervision gives up in two cases, and ``run()`` raises. An exception raised by
+    the ``producer`` factory itself (or a factory returning something that is not a
+    producer) is a configuration error: it is never retried, and ``run()`` raises
+    that very exception. With ``restart_limit=N`` (default ``None``: no limit),
+    ``run()`` raises the group's last error (``StreamTerminated``, or
+    ``AdvanceFailed``; the broker's error is its ``__cause__``) when the group ended
+    again after N restarts in a row without advancing a single message; ``0``
+    never restarts. Either exception carries a note (``__notes__``) naming the
+    service and why it was not restarted.
     """
 
     def __init__(
@@ -77,6 +89,7 @@ class Service:
         manager: SharedStreamManager | None = None,
         restart_backoff: float = 1.0,
         max_restart_backoff: float = 60.0,
+        restart_limit: int | None = None,
         **options: Any,
     ) -> None:
         if key is None:
@@ -106,6 +119,7 @@ class Service:
                 f"max_restart_backoff ({max_restart_backoff!r}) must be >= "
                 f"restart_backoff ({restart_backoff!r})"
             )
+        _check_restart_limit(restart_limit)
         if manager is not None and options:
             raise ValueError(
                 f"manager options {sorted(options)} apply only to the service's own manager; "
@@ -114,9 +128,10 @@ class Service:
         self.key = key
         self._manager = SharedStreamManager(**options) if manager is None else manager
         self._owns_manager = manager is None
-        self._factory = converting(producer, self._giving_up)
+        self._factory = Converting(producer, self._giving_up)
         self._restart_backoff = float(restart_backoff)
         self._max_restart_backoff = float(max_restart_backoff)
+        self._restart_limit = restart_limit
         self._specs: dict[str, HandlerSpec] = {}
         self._counters: dict[str, HandlerCounters] = {}
         self._workers: list[HandlerWorker] = []
@@ -233,7 +248,11 @@ class Service:
         ``give_up_after`` and the producer has no dead-letter destination (never
         retried: every producer from that factory would be refused). When the
         group ends it is logged and started again after the restart backoff; a
-        handler force-failed by the ack timeout is subscribed again at once.
+        handler force-failed by the ack timeout is subscribed again at once. It
+        raises instead when the producer factory raised (that exception) or
+        ``restart_limit`` was reached (the group's last ``StreamTerminated``), with
+        the handlers' calls in progress cancelled: the group has ended, so nothing
+        more could be advanced. See the class docstring.
 
         Cancellation is a hard stop: calls in progress are cancelled (their events
         fail and are redelivered), what was already resolved is advanced, the
@@ -271,15 +290,39 @@ class Service:
                 self._finished.set_result(None)
 
     async def _supervise(self) -> None:
+        """Run group lives until the service stops; raise when supervision gives up."""
         assert self._stopping is not None
         delay = self._restart_backoff
+        # Restarts since a producer last advanced an event: what restart_limit bounds.
+        # An advance still finishing in an ended group's stop counts for the next
+        # life: late, never lost, and always a real advance.
+        futile = 0
+        advanced = self._factory.advanced_events
         while not self._stopping.is_set():
             progress = self._progress()
             cause = await self._session()
             if cause is None or self._stopping.is_set():
                 return
-            if isinstance(cause.__cause__, DeadLetterMissing):
-                raise cause.__cause__  # every new producer would be refused the same way
+            failure = self._factory.failure
+            if failure is not None and cause.__cause__ is failure:
+                # Every new producer would fail the same way: a configuration error.
+                failure.add_note(
+                    f"service {self.key!r} refused its producer: a configuration error, not retried"
+                    if isinstance(failure, DeadLetterMissing)
+                    else f"raised by the producer factory of service {self.key!r}: a "
+                    "configuration error, not retried"
+                )
+                raise failure
+            if self._factory.advanced_events != advanced:
+                advanced = self._factory.advanced_events
+                futile = 0
+            if self._restart_limit is not None and futile >= self._restart_limit:
+                cause.add_note(
+                    f"not restarted: service {self.key!r} reached restart_limit="
+                    f"{self._restart_limit} (restarts in a row with no message advanced)"
+                )
+                raise cause
+            futile += 1
             if self._progress() != progress:
                 delay = self._restart_backoff
             self._restarts += 1
@@ -321,6 +364,13 @@ class Service:
     def _progress(self) -> int:
         return sum(c.handled + c.rejected + c.failed + c.gave_up for c in self._counters.values())
 
+    def _set_restart_limit(self, limit: int | None) -> None:
+        """Caller: ``ackgate run --max-restarts``, before ``run()``; overrides the
+        ``restart_limit`` the service was made with."""
+        _check_restart_limit(limit)
+        assert self._state == "new", "the restart limit is read by run()"
+        self._restart_limit = limit
+
     # -- stopping ------------------------------------------------------------------
 
     async def stop(self, timeout: float = 30.0) -> None:  # noqa: ASYNC109 - SPEC §12
@@ -360,3 +410,8 @@ class Service:
             ),
             restarts=self._restarts,
         )
+
+
+def _check_restart_limit(limit: object) -> None:
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ValueError(f"restart_limit must be None (no limit) or an integer >= 0, got {limit!r}")

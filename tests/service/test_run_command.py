@@ -1,6 +1,9 @@
-"""SPEC §12 CLI: ``ackgate run MODULE:ATTR`` as a subprocess. SIGTERM stops gracefully
-(exit 0, every finished message committed, nothing else); a second signal stops at
-once; a bad target exits 2 with one line and no traceback."""
+"""SPEC §12 and §16 CLI: ``ackgate run MODULE:ATTR`` as a subprocess, one test per row
+of its exit-code table. SIGTERM stops gracefully (exit 0, every finished message
+committed, nothing else); a second signal stops at once (1); a service that fails
+(its producer factory raised, ``--max-restarts`` reached) or a module that raises
+while imported exits 1 with one line and no traceback, the other services stopped
+gracefully first; a bad command line or target exits 2 with one line."""
 
 from __future__ import annotations
 
@@ -78,6 +81,14 @@ def ackgate_run(cwd: Path, *args: str) -> subprocess.Popen[str]:
     )
 
 
+def finish(process: subprocess.Popen[str]) -> tuple[str, str]:
+    """Its stdout and stderr once it exited by itself; killed if it does not within 60 s."""
+    try:
+        return process.communicate(timeout=60)
+    finally:
+        process.kill()
+
+
 def read_until(stream: IO[str] | None, text: str, lines: list[str]) -> None:
     assert stream is not None
     for line in stream:
@@ -144,10 +155,164 @@ def test_a_bad_target_exits_2_with_one_line(tmp_path: Path) -> None:
         assert len(err.splitlines()) == 1 and "Traceback" not in err
 
 
-def test_a_module_that_fails_to_import_shows_its_traceback(tmp_path: Path) -> None:
-    """Not a bad target: the module exists and has a bug of its own."""
+MISCONFIGURED = """
+import os
+
+from ackgate import Message, Service
+from ackgate.adapters.memory import MemoryBroker, MemoryStreamProducer
+
+broker = MemoryBroker()
+broker.create_topic("orders")
+service = Service(
+    "orders",
+    producer=lambda: MemoryStreamProducer(broker, os.environ["ORDERS_TOPIC"], "app"),
+)
+
+
+@service.handler("h")
+async def handle(message: Message) -> None:
+    pass
+"""
+
+ORDERS_SLOW = """
+import asyncio
+import atexit
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ackgate import Message, Service
+from ackgate.adapters.memory import MemoryBroker, MemoryStreamProducer
+
+broker = MemoryBroker()
+broker.create_topic("orders")
+broker.create_topic("audit")
+for n in range(3):
+    broker.publish("orders", b"m%d" % n)
+started = asyncio.Event()
+orders = Service("orders", producer=lambda: MemoryStreamProducer(broker, "orders", "app"))
+
+
+@orders.handler("slow")
+async def slow(message: Message) -> None:
+    print("started", message.id, flush=True)
+    started.set()
+    await asyncio.sleep(0.5)
+    print("finished", message.id, flush=True)
+
+
+@atexit.register
+def report() -> None:
+    print("committed", json.dumps(broker.committed("orders", "app")), flush=True)
+"""
+
+ONE_FAILS = (
+    ORDERS_SLOW
+    + """
+class Unreachable(MemoryStreamProducer):
+    async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
+        await started.wait()  # fails once an orders call is in progress
+        raise ConnectionError("audit broker unreachable")
+        yield
+
+
+audit = Service("audit", producer=lambda: Unreachable(broker, "audit", "app"))
+services = [orders, audit]
+
+
+@audit.handler("h")
+async def handle(message: Message) -> None:
+    pass
+"""
+)
+
+ONE_EXITS = (
+    ORDERS_SLOW
+    + """
+class Exits(Service):
+    async def run(self) -> None:  # as a handler's SystemExit leaves run()
+        await started.wait()
+        raise SystemExit(3)
+
+
+services = [orders, Exits("audit", producer=lambda: MemoryStreamProducer(broker, "audit", "app"))]
+"""
+)
+
+
+def test_a_producer_factory_error_exits_1_with_one_line(tmp_path: Path) -> None:
+    (tmp_path / "misconfigured.py").write_text(MISCONFIGURED)
+    process = ackgate_run(tmp_path, "misconfigured:service")
+    _, err = finish(process)
+    assert process.returncode == 1, err
+    errors = [line for line in err.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    assert "service 'orders' failed: KeyError: 'ORDERS_TOPIC'" in errors[0]
+    assert "raised by the producer factory" in errors[0] and "not retried" in errors[0]
+    assert "restarting" not in err
+
+    process = ackgate_run(tmp_path, "misconfigured:service", "--log-level", "DEBUG")
+    _, err = finish(process)
+    assert process.returncode == 1
+    assert "Traceback" in err and 'os.environ["ORDERS_TOPIC"]' in err
+
+
+def test_max_restarts_fails_the_service_and_stops_the_others_gracefully(tmp_path: Path) -> None:
+    (tmp_path / "one_fails.py").write_text(ONE_FAILS)
+    process = ackgate_run(tmp_path, "one_fails:services", "--max-restarts", "0")
+    out, err = finish(process)
+    assert process.returncode == 1, err
+    errors = [line for line in err.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    assert "service 'audit' failed: StreamTerminated" in errors[0]
+    assert "audit broker unreachable" in errors[0] and "restart_limit=0" in errors[0]
+    assert "stopping the other services gracefully" in err
+    # The call in progress on orders finished and was committed; nothing else started.
+    assert out.splitlines() == ["started orders/0/0", "finished orders/0/0", 'committed {"0": 1}']
+
+
+def test_a_service_raising_system_exit_stops_the_others_gracefully_and_exits_with_its_code(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "one_exits.py").write_text(ONE_EXITS)
+    process = ackgate_run(tmp_path, "one_exits:services")
+    out, err = finish(process)
+    assert process.returncode == 3, err
+    assert "service 'audit' raised SystemExit(3)" in err and "Traceback" not in err
+    assert out.splitlines() == ["started orders/0/0", "finished orders/0/0", 'committed {"0": 1}']
+
+
+def test_a_module_that_raises_while_imported_exits_1_with_one_line(tmp_path: Path) -> None:
+    """Not a bad target: the module exists and has a bug or a bad setting of its own."""
     (tmp_path / "broken.py").write_text("import a_dependency_nobody_installed\n")
-    process = ackgate_run(tmp_path, "broken:service")
-    _, err = process.communicate(timeout=60)
+    (tmp_path / "invalid.py").write_text(
+        "from ackgate import Service\nservice = Service('s', producer=list, restart_limit=-1)\n"
+    )
+    for target, message in [
+        ("broken:service", "importing 'broken' failed: ModuleNotFoundError: No module named "),
+        ("invalid:service", "importing 'invalid' failed: ValueError: restart_limit must be"),
+    ]:
+        process = ackgate_run(tmp_path, target)
+        _, err = finish(process)
+        assert process.returncode == 1, err
+        assert err.startswith("ackgate run: ") and message in err, err
+        assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+    process = ackgate_run(tmp_path, "broken:service", "--log-level", "DEBUG")
+    _, err = finish(process)
     assert process.returncode == 1
     assert "Traceback" in err and "a_dependency_nobody_installed" in err
+
+
+def test_a_bad_command_line_exits_2(tmp_path: Path) -> None:
+    (tmp_path / "hangs.py").write_text(HANGS)
+    for args, message in [
+        (["hangs:services", "--max-restarts", "-1"], "--max-restarts: must be >= 0, got -1"),
+        (["hangs:services", "--max-restarts", "two"], "--max-restarts: not an integer: 'two'"),
+        (["hangs:services", "--shutdown-timeout", "soon"], "--shutdown-timeout: not a number"),
+        ([], "the following arguments are required: MODULE:ATTR"),
+    ]:
+        process = ackgate_run(tmp_path, *args)
+        _, err = finish(process)
+        assert process.returncode == 2, (args, err)
+        assert message in err.splitlines()[-1] and "Traceback" not in err, err

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -70,14 +70,23 @@ async def test_restart_backoff_doubles_up_to_its_cap_and_resets_after_progress(
     publish(4)
     failures = 5
 
-    def make() -> MemoryStreamProducer:
-        nonlocal failures
-        if failures:
-            failures -= 1
-            raise OSError("cannot reach the broker")
-        return MemoryStreamProducer(broker, "orders", "svc")
+    class Unreachable(MemoryStreamProducer):
+        """The first five streams fail as they open, as a broker that is down."""
 
-    service = Service("orders", producer=make, restart_backoff=0.001, max_restart_backoff=0.004)
+        async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
+            nonlocal failures
+            if failures:
+                failures -= 1
+                raise OSError("cannot reach the broker")
+            async for item in super().open_stream():
+                yield item
+
+    service = Service(
+        "orders",
+        producer=lambda: Unreachable(broker, "orders", "svc"),
+        restart_backoff=0.001,
+        max_restart_backoff=0.004,
+    )
 
     @service.handler("h")
     async def handle(message: Message) -> None:
