@@ -7,8 +7,11 @@ slot is free (at most ``concurrency`` calls at once) and no earlier job with the
 same ordering key is still running or waiting. Its call is retried per the
 handler's :class:`~ackgate.Retry`; then its tickets are resolved exactly once:
 ``confirm_persisted`` (the call returned), ``reject_bound`` (``Reject``) or
-``fail_bound`` (it failed every attempt, or was cancelled). Stopping drops the
-jobs that have not started (their tickets fail: the broker redelivers them).
+``fail_bound`` (it failed every call, or was cancelled). With ``give_up_after``, a
+failure at that delivery attempt is a reject instead, and a message whose earlier
+deliveries were never resolved by this handler that many times is rejected before
+any call (:mod:`ackgate._unresolved`). Stopping drops the jobs that have not
+started (their tickets fail: the broker redelivers them).
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ import asyncio
 import contextvars
 import logging
 from collections import deque
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ackgate._handlers import HandlerCounters, HandlerSpec
 from ackgate._message import Message, Reject
+from ackgate._unresolved import UnresolvedCalls
 
 if TYPE_CHECKING:
     from ackgate._manager import SharedStreamManager
@@ -79,9 +83,17 @@ class Calls:
     """
 
     def __init__(
-        self, spec: HandlerSpec, manager: SharedStreamManager, counters: HandlerCounters
+        self,
+        spec: HandlerSpec,
+        manager: SharedStreamManager,
+        counters: HandlerCounters,
+        on_exit: Callable[[BaseException], None],
+        unresolved: UnresolvedCalls,
     ) -> None:
         self._spec = spec
+        #: Told of a KeyboardInterrupt or SystemExit a call raised (the service stops).
+        self._on_exit = on_exit
+        self._unresolved = unresolved
         self._manager = manager
         #: ``manager.confirm_persisted`` without its argument check and thread
         #: hand-off: calls run on the manager's loop, and tickets are lists of ints.
@@ -205,6 +217,7 @@ class Calls:
                     if not job.resolved:  # cancelled, or a BaseException from the handler
                         job.resolved = True
                         self._manager.fail_bound(job.seqs)
+                        self._cut_short(job)
                     self._finished(job)
         finally:
             # At once, not in a done callback: a job submitted from now on needs a new slot.
@@ -234,15 +247,19 @@ class Calls:
         call = 1
         while True:
             try:
-                result = await spec.function(job.argument)
-                rejects = _batch_rejects(spec, result) if spec.batched else None
+                rejects = self._result(await spec.function(job.argument))
             except Reject as reject:
                 job.resolved = True
                 self._manager.reject_bound(job.seqs, reason=reject.reason)
                 counters.rejected += size
                 logger.info("handler %r rejected %s: %s", spec.id, _describe(job), reject.reason)
                 return
-            except Exception as exc:
+            except (Exception, asyncio.CancelledError) as exc:
+                if isinstance(exc, asyncio.CancelledError) and _cancelling():
+                    raise  # this call is cancelled (stop, ack timeout, the loop's teardown)
+                # A CancelledError the handler's own code raised (a future it awaited
+                # was cancelled) is a failure of this call like any other: retried, then
+                # failed, and the lane goes on (SPEC §15).
                 if call < retry.attempts:
                     delay = retry.delay(call)
                     logger.warning(
@@ -260,6 +277,23 @@ class Calls:
                     continue
                 self._failed(job, exc, call)
                 return
+            except BaseException as exc:  # KeyboardInterrupt, SystemExit: stop the service
+                # Not re-raised here: out of a task it would leave the event loop at
+                # once, before anything stopped. The service stops gracefully, then
+                # run() raises it.
+                job.resolved = True
+                self._manager.fail_bound(job.seqs)
+                counters.failed += size
+                logger.error(
+                    "handler %r raised %r on %s; the service stops (the message is "
+                    "redelivered), then run() raises it",
+                    spec.id,
+                    exc,
+                    _describe(job),
+                    exc_info=exc,
+                )
+                self._on_exit(exc)
+                return
             job.resolved = True
             if rejects:
                 self._resolve_batch(job, rejects)
@@ -268,34 +302,79 @@ class Calls:
                 counters.handled += size
             return
 
+    def _result(self, result: object) -> dict[str, Reject] | None:
+        """What a call returned: ``None`` acks, a ``Reject`` is raised, a batch
+        handler's ``{message id: Reject}`` is returned; anything else is a
+        ``TypeError`` naming the handler, logged at ERROR the first time."""
+        if result is None:
+            return None
+        if isinstance(result, Reject):
+            raise result
+        spec = self._spec
+        if spec.batched:
+            if isinstance(result, dict) and all(isinstance(v, Reject) for v in result.values()):
+                return result
+            expected = (
+                "None (ack all) or a dict of message id -> Reject (reject those, ack the rest)"
+            )
+        else:
+            expected = "None (ack) or a Reject (reject)"
+        error = TypeError(
+            f"handler {spec.id!r} returned {type(result).__name__}; it must return {expected}"
+        )
+        if not self._counters.bad_return_logged:
+            self._counters.bad_return_logged = True
+            logger.error(
+                "%s. Each call that returns anything else fails (retried per its retry, "
+                "then the broker redelivers the message); logged once per handler",
+                error,
+            )
+        raise error
+
+    def _cut_short(self, job: Job) -> None:
+        """A call on ``job`` ended without resolving it: remember it for the
+        messages' next deliveries (``give_up_after``)."""
+        if self._spec.give_up_after is None:
+            return
+        apart = job.apart
+        for index, message in enumerate(job.messages):
+            if apart is None or index not in apart:
+                self._unresolved.cut_short(self._spec.id, message)
+
     def _give_up_unresolved(self, job: Job, limit: int) -> bool:
-        """Reject, without a call, the messages of ``job`` delivered more than ``limit``
-        times: ``limit`` deliveries came and went without this handler resolving
-        them (the process stopped during each, say, as when handling them kills
-        it), so a call would most likely end the same way. Returns whether nothing
-        is left to call; otherwise a batch job is left with the others only."""
+        """Reject, without a call, the messages of ``job`` whose earlier deliveries
+        count ``limit`` calls of this handler that never resolved (see
+        :mod:`ackgate._unresolved`: those before this process saw the message, when
+        the process stopped during each, say, as when handling it kills it; and the
+        calls cut short since), so a call would most likely end the same way.
+        Returns whether nothing is left to call; otherwise a batch job is left with
+        the others only."""
         messages = job.messages
+        handler_id = self._spec.id
+        count = self._unresolved.count
         stale = {
-            index: message.attempt
+            index: unresolved
             for index, message in enumerate(messages)
-            if message.attempt is not None and message.attempt > limit
+            if message.attempt is not None
+            and message.attempt > limit
+            and (unresolved := count(handler_id, message)) >= limit
         }
         if not stale:
             return False
-        for index, attempt in stale.items():
+        for index, unresolved in stale.items():
             logger.warning(
-                "handler %r gives up on message id=%s (attempt %d, give_up_after=%d) "
-                "without calling it: its %d earlier deliveries were never resolved (did "
+                "handler %r gives up on message id=%s (attempt %s, give_up_after=%d) "
+                "without calling it: %d earlier deliveries were never resolved by it (did "
                 "the process stop while handling it?); it is dead-lettered once every "
                 "handler is done with it",
-                self._spec.id,
+                handler_id,
                 messages[index].id,
-                attempt,
+                messages[index].attempt,
                 limit,
-                attempt - 1,
+                unresolved,
             )
         self._counters.gave_up += len(stale)
-        reasons = {index: _unresolved_reason(attempt - 1) for index, attempt in stale.items()}
+        reasons = {index: _unresolved_reason(unresolved) for index, unresolved in stale.items()}
         if not self._spec.batched:
             job.resolved = True
             self._manager.reject_bound(job.seqs, reason=reasons[0])
@@ -308,7 +387,7 @@ class Calls:
         job.argument = [message for index, message in enumerate(messages) if index not in stale]
         return False
 
-    def _failed(self, job: Job, exc: Exception, calls: int) -> None:
+    def _failed(self, job: Job, exc: BaseException, calls: int) -> None:
         """``job`` failed every call: its messages fail (the broker redelivers them),
         except those at ``attempt >= give_up_after``, which this handler gives up on
         (a reject, with the exception as the reason)."""
@@ -339,11 +418,15 @@ class Calls:
             self._manager.fail_bound(job.seqs)  # the rest: what was rejected stays so
             counters.failed += len(called) - len(given)
         if not given:
+            uncounted = limit is not None and any(m.attempt is None for _, m in called)
             logger.warning(
-                "handler %r failed on %s after %d call(s); the broker redelivers it: %r",
+                "handler %r failed on %s after %d call(s); the broker redelivers it%s: %r",
                 spec.id,
                 _describe(job),
                 calls,
+                " (give_up_after cannot apply: the producer's messages carry no attempt)"
+                if uncounted
+                else "",
                 exc,
                 exc_info=exc,
             )
@@ -415,23 +498,16 @@ class Calls:
             )
 
 
-def _batch_rejects(spec: HandlerSpec, result: object) -> dict[str, Reject] | None:
-    """A batch handler's result: ``None`` (ack all) or ``{message id: Reject}``."""
-    if result is None:
-        return None
-    if isinstance(result, dict) and all(isinstance(v, Reject) for v in result.values()):
-        return result
-    raise TypeError(
-        f"batch handler {spec.id!r} returned {type(result).__name__}; return None (ack all) "
-        "or a dict of message id -> Reject (reject those, ack the rest)"
-    )
-
-
 def _unresolved_reason(deliveries: int) -> str:
     return (
         f"gave up after {deliveries} attempts: not resolved by any of them "
         "(the process stopped or the call was cut short each time)"
     )
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _describe(job: Job) -> str:

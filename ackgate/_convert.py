@@ -31,15 +31,24 @@ from ackgate._producer import SharedStreamProducer
 class MessageProducer(SharedStreamProducer):
     """``inner`` with ``Message`` raw events. Opens nothing until :meth:`open_stream`."""
 
-    def __init__(self, inner: SharedStreamProducer, owner: Converting) -> None:
+    def __init__(
+        self,
+        inner: SharedStreamProducer,
+        owner: Converting,
+        observe: Callable[[Message], None] | None = None,
+    ) -> None:
         self._inner = inner
         self._owner = owner
+        #: Called with every message converted (``give_up_after`` needs to know
+        #: which deliveries this process saw); ``None``: nobody asks.
+        self._observe = observe
 
     async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
         """The inner stream, converted. Cancelled at a yield or while the inner stream
         waits, the inner stream is closed (its ``finally`` runs) before this one's ends."""
         stream = self._inner.open_stream()
         to_message = self._inner.to_message
+        observe = self._observe
         try:
             async for item in stream:
                 if not (isinstance(item, tuple) and len(item) == 2):
@@ -48,7 +57,10 @@ class MessageProducer(SharedStreamProducer):
                         f"got {type(item).__name__}"
                     )
                 raw, payload = item
-                yield to_message(raw, payload), payload
+                message = to_message(raw, payload)
+                if observe is not None:
+                    observe(message)
+                yield message, payload
         finally:
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
@@ -85,6 +97,9 @@ class BatchMessageProducer(MessageProducer):
                         f"open_stream_batches must yield EventBatch, got {type(batch).__name__}"
                     )
                 messages: list[Message] = to_messages(batch)
+                if self._observe is not None:
+                    for message in messages:
+                        self._observe(message)
                 yield batch._replace(raw_events=messages)
         finally:
             aclose = getattr(stream, "aclose", None)
@@ -105,7 +120,8 @@ class Converting:
     group life and wraps what it made. Caller: the group's poll, one call per life.
 
     ``giving_up()`` names the handlers that set ``give_up_after`` (handler id -> its
-    value); see :func:`check_dead_letter`. It also keeps what the service's
+    value); see :func:`check_dead_letter`. When there is any, ``observe`` is called
+    with every message converted. It also keeps what the service's
     supervision needs to tell a configuration error from an outage: the exception
     the factory itself raised (or the refusal of what it made), and how many events
     the producers it made have advanced.
@@ -115,9 +131,11 @@ class Converting:
         self,
         factory: Callable[[], SharedStreamProducer],
         giving_up: Callable[[], Mapping[str, int]] = dict,
+        observe: Callable[[Message], None] | None = None,
     ) -> None:
         self._factory = factory
         self._giving_up = giving_up
+        self._observe = observe
         #: The exception of the last call that did not produce a producer (the factory
         #: raised, returned something else, or made a producer refused by
         #: :func:`check_dead_letter`); ``None`` after a call that did.
@@ -134,13 +152,15 @@ class Converting:
                 raise TypeError(
                     f"producer() must return a SharedStreamProducer, got {type(inner).__name__}"
                 )
-            check_dead_letter(inner, self._giving_up())
+            handlers = self._giving_up()
+            check_dead_letter(inner, handlers)
         except Exception as exc:
             self.failure = exc
             raise
+        observe = self._observe if handlers else None
         if type(inner).open_stream_batches is not SharedStreamProducer.open_stream_batches:
-            return BatchMessageProducer(inner, self)
-        return MessageProducer(inner, self)
+            return BatchMessageProducer(inner, self, observe)
+        return MessageProducer(inner, self, observe)
 
     def advanced(self, count: int) -> None:
         """Caller: a producer made here, once its inner ``advance`` returned."""

@@ -2,8 +2,8 @@
 
 SQS, Pub/Sub under a dead-letter policy and Service Bus count deliveries
 themselves, and their adapters pass that count on as ``Message.attempt``. Where
-the broker keeps no count (the memory broker, Pub/Sub without a dead-letter
-policy), the producer counts the deliveries it sees with :class:`DeliveryCounts`:
+the broker keeps no count (Pub/Sub without a dead-letter policy), the producer
+counts the deliveries it sees with :class:`DeliveryCounts`:
 for its own life only, so a count starts again at 1 when a new producer is made
 (a restart of the service's group, a new process).
 """

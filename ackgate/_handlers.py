@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Awaitable, Callable
@@ -41,7 +42,8 @@ class HandlerSpec:
     #: Batch handlers: seconds after the first message of a batch it is called at the latest.
     batch_wait: float
     #: A failure at ``Message.attempt >= give_up_after`` becomes a reject, and a message
-    #: handed with ``attempt > give_up_after`` is rejected without a call; ``None``: never.
+    #: whose earlier deliveries count that many unresolved calls is rejected without a
+    #: call (``Calls._give_up_unresolved``); ``None``: never.
     give_up_after: int | None = None
 
     @property
@@ -97,6 +99,7 @@ def check_spec(
         )
     if give_up_after is not None:
         give_up_after = _positive_int(f"handler {handler_id!r}: give_up_after", give_up_after)
+    _check_takes_one_argument(handler_id, function, batched=batch_size > 1)
     assert callable(function)
     return HandlerSpec(
         id=handler_id,
@@ -116,6 +119,35 @@ def _is_async_function(function: object) -> bool:
     return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
         type(function).__call__
     )
+
+
+def _check_takes_one_argument(handler_id: str, function: object, *, batched: bool) -> None:
+    """Refuse a function that cannot be called with one positional argument (the
+    message, or the list of them), at decoration rather than at its first call."""
+    assert callable(function)
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # no signature to read (some C callables): trust it
+        return
+    try:
+        signature.bind(None)
+    except TypeError as error:
+        takes = "a list of Message (a batch handler)" if batched else "one Message"
+        empty = inspect.Parameter.empty
+        shown = signature.replace(
+            parameters=[p.replace(annotation=empty) for p in signature.parameters.values()],
+            return_annotation=empty,
+        )
+        raise TypeError(
+            f"handler {handler_id!r}: {_name(function)}{shown} cannot be called with "
+            f"{takes} as its only argument ({error})"
+        ) from None
+
+
+def _name(function: object) -> str:
+    if isinstance(function, functools.partial):
+        return f"functools.partial({_name(function.func)})"
+    return getattr(function, "__qualname__", None) or type(function).__qualname__
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -163,6 +195,7 @@ class HandlerCounters:
     """The live counters behind :class:`HandlerStats`. Invariant: every field >= 0."""
 
     __slots__ = (
+        "bad_return_logged",
         "failed",
         "gave_up",
         "handled",
@@ -183,6 +216,8 @@ class HandlerCounters:
         #: The handler's latest subscription; its group counts the skipped copies.
         self.live: Subscription | None = None
         self.skipped_in_ended_groups = 0
+        #: Set once a call returned something it must not: that is logged once.
+        self.bad_return_logged = False
 
     def subscribed(self, subscription: Subscription) -> None:
         """Caller: the handler's worker, after each ``subscribe``. A group counts

@@ -32,11 +32,12 @@ class Message:
             ``int >= 1`` on every adapter of ackgate. The broker's own count where
             it keeps one (SQS ``ApproximateReceiveCount``, Pub/Sub
             ``delivery_attempt`` on a subscription with a dead-letter policy,
-            Service Bus ``delivery_count + 1``), which survives restarts; elsewhere
-            (memory, Pub/Sub without that policy) the producer counts the
-            deliveries it made, from 1 again in a new producer (a restart). A
-            handler's ``give_up_after`` compares against it. ``None`` only from a
-            producer that counts nothing (the default ``to_message``).
+            Service Bus ``delivery_count + 1``, the memory broker's count per
+            consumer group), which survives restarts; elsewhere (Pub/Sub without
+            that policy) the producer counts the deliveries it made, from 1 again
+            in a new producer (a restart). A handler's ``give_up_after`` compares
+            against it. ``None`` only from a producer that counts nothing (the
+            default ``to_message``).
         raw: The adapter's native object (a Kafka record, an SQS message dict, ...).
     """
 

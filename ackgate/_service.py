@@ -30,7 +30,8 @@ from ackgate._manager import SharedStreamManager
 from ackgate._producer import SharedStreamProducer
 from ackgate._retry import Retry
 from ackgate._stats import GroupStats
-from ackgate._worker import HandlerWorker
+from ackgate._unresolved import UnresolvedCalls
+from ackgate._worker import DEFAULT_STOP_TIMEOUT, HandlerWorker
 
 logger = logging.getLogger("ackgate.service")
 
@@ -61,6 +62,9 @@ class Service:
     """Handlers that each see every message of one stream; the broker advanced only
     once all of them acked or rejected it.
 
+    ``key`` names the service's group (in logs and stats): any hashable but
+    ``None``; a ``str`` or ``bytes`` key must not be empty or blank, and a ``str``
+    must be printable (no newline), else ``ValueError``.
     ``producer`` is a zero-argument factory returning a :class:`SharedStreamProducer`
     (called once per group life, so again after each restart). ``options`` are
     :class:`SharedStreamManager` arguments, used when the service makes its own
@@ -98,6 +102,13 @@ class Service:
             hash(key)
         except TypeError:
             raise ValueError(f"key must be hashable, got {type(key).__name__}") from None
+        # The key names the service in every log line and in stats: it must say something.
+        if isinstance(key, str | bytes) and not key.strip():
+            raise ValueError(f"key must not be empty or blank, got {key!r}")
+        if isinstance(key, str) and not key.isprintable():
+            raise ValueError(
+                f"key must be printable (no newline or control character), got {key!r}"
+            )
         if isinstance(producer, SharedStreamProducer) or not callable(producer):
             raise TypeError(
                 "producer must be a zero-argument factory returning a SharedStreamProducer "
@@ -128,7 +139,9 @@ class Service:
         self.key = key
         self._manager = SharedStreamManager(**options) if manager is None else manager
         self._owns_manager = manager is None
-        self._factory = Converting(producer, self._giving_up)
+        #: What this process saw of each message's deliveries (``give_up_after``).
+        self._unresolved = UnresolvedCalls()
+        self._factory = Converting(producer, self._giving_up, self._unresolved.seen)
         self._restart_backoff = float(restart_backoff)
         self._max_restart_backoff = float(max_restart_backoff)
         self._restart_limit = restart_limit
@@ -143,6 +156,9 @@ class Service:
         self._stopping: asyncio.Event | None = None
         #: Resolved when ``run()`` has returned (or raised).
         self._finished: asyncio.Future[None] | None = None
+        #: The first KeyboardInterrupt or SystemExit a handler raised: the service
+        #: stops, then ``run()`` raises it.
+        self._exit: BaseException | None = None
 
     def __repr__(self) -> str:
         return f"<Service key={self.key!r} handlers={list(self._specs)} state={self._state}>"
@@ -186,18 +202,21 @@ class Service:
         every ``retry`` call) whose :attr:`Message.attempt` is ``>= give_up_after``,
         the failure becomes a reject for this handler, with the reason ``"gave up
         after N attempts: ExcType: message"``: the message is dead-lettered once
-        every handler is done with it, and the stream moves on. A message handed to
-        the handler with ``attempt > give_up_after`` was delivered that many times
-        before without this handler resolving it (a handler that kills the process
-        on it never *fails* it, and neither does a hung call cut short by the ack
-        timeout): it is rejected without calling the handler, with the reason
-        ``"gave up after N attempts: not resolved by any of them (...)"``. Both are
-        logged at WARNING and counted in ``HandlerStats.gave_up``. ``attempt``
-        counts deliveries of the message, not calls of this handler: a message
-        redelivered because *another* handler failed it counts up too. For a batch
+        every handler is done with it, and the stream moves on. A handler that
+        kills its process on a message, or hangs on it, never *fails* it; so a
+        message is also rejected without calling the handler when its earlier
+        deliveries count ``give_up_after`` calls of this handler that never
+        resolved, with the reason ``"gave up after N attempts: not resolved by any
+        of them (...)"``. Deliveries made before this process first saw the message
+        count so (the process may have stopped during each: a crash loop);
+        deliveries since count only when this handler's call on it was cut short
+        (ack timeout, stop, restart), not when the message merely waited in a
+        queue. Both are logged at WARNING and counted in ``HandlerStats.gave_up``.
+        ``attempt`` counts deliveries of the message, not calls of this handler: a
+        message redelivered because *another* handler failed it counts up too. For a batch
         handler each message of a failed batch is judged by its own ``attempt``:
         those at ``give_up_after`` or more are given up, the rest fail; messages
-        past ``give_up_after`` are left out of the call. A service with
+        given up without a call are left out of the call. A service with
         ``give_up_after`` on any handler refuses to start (``run()`` raises
         ``ValueError``) when the producer has no dead-letter destination
         (:meth:`SharedStreamProducer.dead_letter_destination` is ``None``): giving
@@ -206,7 +225,36 @@ class Service:
         Ids are unique (``ValueError``); registering once ``run()`` started is a
         ``RuntimeError``. Invalid options are a ``ValueError`` (``TypeError`` for a
         function that is not ``async def``, or ``retry`` not a ``Retry``).
+
+        Mistakes are never silent:
+
+        * ``@service.handler`` without parentheses is a ``TypeError`` at once: the
+          id names the handler in the roster (every message waits for it), so it
+          is never guessed from the function's name, which a refactor may change.
+        * A function that cannot be called with one positional argument (``async
+          def h()``, ``async def h(message, context)``) is a ``TypeError`` at
+          decoration, naming its signature.
+        * Returning a ``Reject`` is the same as raising it. Returning anything else
+          (other than ``None``, or a batch handler's dict) fails the call with a
+          ``TypeError`` naming the handler, logged at ERROR the first time; the
+          call is retried per ``retry``, then the message is redelivered.
+        * A ``CancelledError`` the handler's own code raises (a future it awaited
+          was cancelled) is a failure of that call like any other; only a stop, an
+          ack timeout or the event loop's teardown cancels a call.
+        * ``KeyboardInterrupt`` or ``SystemExit`` (``sys.exit()``) raised in a
+          handler fails that call's messages (they are redelivered), stops the
+          service gracefully (as ``stop()`` with its default timeout), then
+          ``run()`` raises it, so the process exits (with ``SystemExit``'s code).
         """
+        if callable(handler_id):
+            # ``@service.handler`` without parentheses. The id is a roster member's
+            # name: messages wait for it and brokers' commit state may be kept under
+            # it, so it is never guessed from a function name a refactor may change.
+            raise TypeError(
+                "@service.handler needs a handler id: write "
+                f"@service.handler({getattr(handler_id, '__name__', 'my_handler')!r}) above "
+                f"{handler_id!r}, with an id that stays the same across deploys"
+            )
 
         def register(function: F) -> F:
             if self._state != "new":
@@ -256,7 +304,15 @@ class Service:
 
         Cancellation is a hard stop: calls in progress are cancelled (their events
         fail and are redelivered), what was already resolved is advanced, the
-        producer is closed, then ``CancelledError`` propagates.
+        producer is closed, then ``CancelledError`` propagates. The group's stop
+        (final advances, closing the producer) gets the timeout of a ``stop()``
+        called before, else 30 s; past it, the advances still in flight are
+        cancelled (their events are redelivered). So when ``asyncio.run(main())``
+        tears down because ``main()`` raised, the teardown ends in bounded time and
+        ``main()``'s exception is the one that propagates.
+
+        A ``KeyboardInterrupt`` or ``SystemExit`` raised by a handler stops the
+        service gracefully, then propagates from here.
         """
         if not self._specs:
             raise ValueError(f"service {self.key!r} has no handler: register one with @handler")
@@ -274,6 +330,8 @@ class Service:
                 factory=self._factory,
                 roster=roster,
                 counters=self._counters[spec.id],
+                on_exit=self._handler_exited,
+                unresolved=self._unresolved,
             )
             for spec in self._specs.values()
         ]
@@ -288,6 +346,14 @@ class Service:
                     await self._manager.aclose()
             finally:
                 self._finished.set_result(None)
+        if self._exit is not None:
+            raise self._exit
+
+    def _handler_exited(self, exit_: BaseException) -> None:
+        """Caller: a handler call that raised KeyboardInterrupt or SystemExit."""
+        if self._exit is None:
+            self._exit = exit_
+        self._request_stop(DEFAULT_STOP_TIMEOUT)
 
     async def _supervise(self) -> None:
         """Run group lives until the service stops; raise when supervision gives up."""
@@ -358,7 +424,11 @@ class Service:
             return None
         finally:
             for task in tasks:
-                task.cancel()
+                # One cancellation each: a second one (asyncio.run() tearing down has
+                # cancelled every task already) would cut short a handler's bounded
+                # wait for the group's stop, and leave that stop unbounded.
+                if not task.cancelling():
+                    task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
     def _progress(self) -> int:
@@ -379,6 +449,10 @@ class Service:
         No new message is handed to a handler; calls in progress get up to
         ``timeout`` seconds to finish, then are cancelled. What finished is
         advanced, the rest is left to broker redelivery, the producer is closed.
+        Then the group's stop (its final advances, closing the producer) gets
+        ``timeout`` seconds again, at least one: an advance still in flight after
+        that is cancelled and its events are redelivered. So a stop returns within
+        about twice ``timeout`` even when the broker stopped answering.
         Called before ``run()``, it makes ``run()`` return at once; called again,
         it waits the same way (the first timeout holds). Do not await it from a
         handler (it would wait for that handler): start it as a task instead.
@@ -387,14 +461,18 @@ class Service:
         """
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
             raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
+        self._request_stop(timeout)
+        if self._finished is not None:
+            await asyncio.shield(self._finished)
+
+    def _request_stop(self, timeout: float) -> None:
+        """The first stop request sets the deadline; later ones change nothing."""
         if self._stop_at is None:
             self._stop_at = asyncio.get_running_loop().time() + timeout
             for worker in self._workers:
-                worker.stop(self._stop_at)
+                worker.stop(self._stop_at, timeout)
             if self._stopping is not None:
                 self._stopping.set()
-        if self._finished is not None:
-            await asyncio.shield(self._finished)
 
     # -- observing -----------------------------------------------------------------
 

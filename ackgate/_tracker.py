@@ -117,10 +117,23 @@ class LaneTracker:
         self._quiet.clear()
         if self._idle_workers:  # a busy worker finds the lane before it waits again
             self._work.set()
-        if len(self._workers) < self._cap and len(self._ready) > self._idle_workers:
+        self._add_workers()
+
+    def _add_workers(self) -> None:
+        """Start workers until every ready lane has one, within ``max_concurrent_advances``."""
+        while len(self._workers) < self._cap and len(self._ready) > self._idle_workers:
             task = asyncio.get_running_loop().create_task(self._worker())
             self._workers.add(task)
-            task.add_done_callback(self._workers.discard)
+            task.add_done_callback(self._worker_ended)
+
+    def _worker_ended(self, task: asyncio.Task[None]) -> None:
+        self._workers.discard(task)
+        if task.cancelled() and not self.halted:
+            # Cancelled from outside, not by ``drain`` (it halts first): asyncio.run()
+            # cancels every task when main() ends. The lanes it would have advanced
+            # are still ready, and the group's stop waits for them
+            # (tests/core/test_shutdown.py::test_advances_survive_their_workers_cancellation).
+            self._add_workers()
 
     async def _worker(self) -> None:
         producer = self.producer

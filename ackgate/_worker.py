@@ -21,11 +21,20 @@ from ackgate._handlers import HandlerCounters, HandlerSpec
 from ackgate._message import Message
 from ackgate._producer import SharedStreamProducer
 from ackgate._subscription import Subscription
+from ackgate._unresolved import UnresolvedCalls
 
 if TYPE_CHECKING:
     from ackgate._manager import SharedStreamManager
 
 logger = logging.getLogger("ackgate.service")
+
+#: ``Service.stop()``'s default timeout; also how long a hard stop (``run()``
+#: cancelled, e.g. by ``asyncio.run()`` when ``main()`` raised) gives the group's stop.
+DEFAULT_STOP_TIMEOUT = 30.0
+
+#: The least the group's stop gets, even after ``stop(0)``: its final advances are
+#: what keeps the finished messages from being redelivered.
+_MIN_FINAL_STOP = 1.0
 
 
 def _ordering_key(spec: HandlerSpec) -> Callable[[Message], Hashable]:
@@ -49,24 +58,33 @@ class HandlerWorker:
         factory: Callable[[], SharedStreamProducer],
         roster: tuple[str, ...],
         counters: HandlerCounters,
+        on_exit: Callable[[BaseException], None],
+        unresolved: UnresolvedCalls,
     ) -> None:
         self.spec = spec
+        self._unresolved = unresolved
         self._key = key
         self._manager = manager
         self._factory = factory
         self._roster = roster
         self._counters = counters
+        self._on_exit = on_exit
         self._order_by = _ordering_key(spec)
         #: Loop time by which a graceful stop ends the calls; ``None`` until stopped.
         self._stop_at: float | None = None
+        #: Seconds the group's stop (final advances, closing the producer) gets once
+        #: this handler left it last: the stop's timeout, else ``stop()``'s default.
+        self._stop_timeout = DEFAULT_STOP_TIMEOUT
         #: The running feed and its calls. Invariant: set only while a session awaits it.
         self._feed: asyncio.Task[NoReturn] | None = None
         self._calls: Calls | None = None
 
-    def stop(self, deadline: float) -> None:
+    def stop(self, deadline: float, timeout: float) -> None:
         """Graceful stop: from now on nothing new is handed to the handler (jobs not
-        started fail at once); calls in progress get until ``deadline`` (loop time)."""
+        started fail at once); calls in progress get until ``deadline`` (loop time),
+        the group's stop ``timeout`` seconds more."""
         self._stop_at = deadline
+        self._stop_timeout = timeout
         if self._calls is not None:
             self._calls.close()
         if self._feed is not None:
@@ -85,7 +103,9 @@ class HandlerWorker:
                 self._key, self.spec.id, producer=self._factory, roster=self._roster
             )
             self._counters.subscribed(subscription)
-            calls = self._calls = Calls(self.spec, self._manager, self._counters)
+            calls = self._calls = Calls(
+                self.spec, self._manager, self._counters, self._on_exit, self._unresolved
+            )
             pull = self._pull_batches if self.spec.batched else self._pull_each
             feed = self._feed = loop.create_task(pull(subscription, calls))
             # The feed learns of a force-fail at its next pull; a feed waiting for
@@ -113,8 +133,28 @@ class HandlerWorker:
                 watch.cancel()
                 self._feed = self._calls = None
                 await calls.abort()
-                await subscription.aclose()
+                await self._leave(subscription)
         return None
+
+    async def _leave(self, subscription: Subscription) -> None:
+        """Leave the group; if it stops with this, wait for that at most the stop
+        timeout, then cut its stop short: the advances in flight are cancelled (their
+        events are redelivered) and the producer is closed. Whatever awaits it, a
+        stop never outlives its timeout by more than the producer's close."""
+        try:
+            async with asyncio.timeout(max(self._stop_timeout, _MIN_FINAL_STOP)):
+                await subscription.aclose()
+        except TimeoutError:
+            stop = subscription._group.stop_task
+            assert stop is not None, "only a group's stop outlasts aclose()"
+            logger.error(
+                "service %r: the group's stop (its final advances, closing the producer) "
+                "took longer than %gs; cut short: what it did not advance is redelivered",
+                self._key,
+                max(self._stop_timeout, _MIN_FINAL_STOP),
+            )
+            stop.cancel()
+            await asyncio.gather(stop, return_exceptions=True)
 
     async def _pull_each(self, subscription: Subscription, calls: Calls) -> NoReturn:
         """Per-message handlers: one job per message, ordered by the handler's ordering.

@@ -59,7 +59,6 @@ from collections.abc import AsyncIterator, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ackgate._deliveries import DeliveryCounts
 from ackgate._message import Message
 from ackgate._outcome import AdvanceItem, AdvanceOutcome
 from ackgate._producer import SharedStreamProducer
@@ -150,6 +149,9 @@ class MemoryBroker:
         # Per group and partition, one past the highest offset ever delivered to it:
         # what a producer counts as a redelivery, across restarts.
         self._delivered: dict[tuple[str, str], list[int]] = {}
+        # Per group, deliveries of each (partition, offset) delivered more than once
+        # (a record delivered once has no entry): ``Message.attempt``, across restarts.
+        self._deliveries: dict[tuple[str, str], dict[tuple[int, int], int]] = {}
         self._publish_watchers: dict[str, set[asyncio.Event]] = {}
         self._commit_watchers: set[asyncio.Event] = set()
 
@@ -285,8 +287,7 @@ class MemoryStreamProducer(SharedStreamProducer):
         self._fetch: list[int] = []
         self._wake: asyncio.Event | None = None
         self._counts = dict.fromkeys(MemoryProducerStats.__dataclass_fields__, 0)
-        #: Deliveries per ``(partition, offset)`` in this producer's life: ``Message.attempt``.
-        self._deliveries = DeliveryCounts()
+        self._attempts = broker._deliveries.setdefault((topic, group), {})
 
     @property
     def stats(self) -> MemoryProducerStats:
@@ -329,9 +330,9 @@ class MemoryStreamProducer(SharedStreamProducer):
             if offset < len(log[p]):
                 self._fetch[p] = offset + 1
                 self._counts["delivered"] += 1
-                self._deliveries.add((p, offset))
                 if offset < high[p]:
                     self._counts["redelivered"] += 1
+                    self._attempts[p, offset] = self._attempts.get((p, offset), 1) + 1
                 else:
                     high[p] = offset + 1
                 return log[p][offset]
@@ -355,8 +356,10 @@ class MemoryStreamProducer(SharedStreamProducer):
         """The record as a :class:`~ackgate.Message`: its value as ``body``, its key,
         id ``"<topic>/<partition>/<offset>"``, lane = partition, ``raw`` = the
         :class:`Record`, no headers. ``attempt`` counts the deliveries of the record
-        by this producer (1 the first time; a seek-back delivers the held record and
-        every later one of its partition again); a new producer counts from 1 again.
+        to the consumer group, as the broker does for every producer of the group
+        (1 the first time; a seek-back delivers the held record and every later one
+        of its partition again, and a new producer redelivers what was not
+        committed).
         A :class:`~ackgate.Service` needs ``bytes`` values: any other value is a
         ``TypeError``.
         """
@@ -373,7 +376,7 @@ class MemoryStreamProducer(SharedStreamProducer):
             id=f"{position.topic}/{position.partition}/{position.offset}",
             key=record.key,
             lane=position.partition,
-            attempt=self._deliveries.get((position.partition, position.offset)) or 1,
+            attempt=self._attempts.get((position.partition, position.offset), 1),
             raw=record,
         )
 

@@ -15,7 +15,7 @@ import pytest
 from ackgate import AdvanceItem, SharedStreamManager, SharedStreamProducer
 from ackgate.testing import ScriptedProducer
 
-from .conftest import turn
+from .conftest import outcomes, turn
 
 
 def _workers() -> list[asyncio.Task[Any]]:
@@ -188,3 +188,31 @@ async def test_a_stopped_group_with_an_unconfirmed_output_is_freed(stop: str) ->
     assert group() is None, "the output registry still holds the group"
     assert producer() is None
     assert not manager._bindings._by_seq
+
+
+async def test_advances_survive_their_workers_cancellation() -> None:
+    """SPEC §15: asyncio.run() cancels every task when main() ends, the advance workers
+    included; the group's stop still advances what was resolved, and returns."""
+    producer = ScriptedProducer(lane=lambda payload: payload)
+    for n in range(3):
+        producer.feed(b"%d" % n, n)
+    async with asyncio.timeout(10), SharedStreamManager() as manager:
+        subscription = manager.subscribe("k", "s", producer=lambda: producer)
+        events = aiter(subscription)
+        for _ in range(3):
+            await anext(events)  # each pull resolves the event before it
+        workers = _workers()
+        assert workers, "a resolved event has a worker on its way to advance it"
+        for worker in workers:
+            worker.cancel()  # as asyncio.run() does, before the group's stop begins
+        # The last member leaves: aclose() returns once the group stopped.
+        leaving = asyncio.ensure_future(subscription.aclose())
+        done, _ = await asyncio.wait([leaving], timeout=5)
+        if not done:  # the regression: the stop waits for workers that are gone
+            stop = subscription._group.stop_task
+            assert stop is not None
+            stop.cancel()  # so that leaving the manager does not hang too
+            pytest.fail("the group's stop waited for advances that never came")
+    assert sorted(outcomes(producer)) == [0, 1, 2]
+    assert all(outcome.is_clean for outcome in outcomes(producer).values())
+    assert producer.closed == 1

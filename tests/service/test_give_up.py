@@ -14,7 +14,7 @@ import pytest
 
 from ackgate import AdvanceOutcome, Message, Service
 from ackgate.adapters.memory import MemoryBroker, MemoryStreamProducer
-from ackgate.testing import ScriptedProducer
+from ackgate.testing import FakeClock, ScriptedProducer
 
 
 class CountedProducer(ScriptedProducer):
@@ -168,6 +168,53 @@ async def test_a_failed_batch_is_judged_per_message_by_its_own_attempt(running: 
     assert seen["past"].reasons[0].startswith("bulk: gave up after 2 attempts: not resolved")
     stats = service.stats().handlers["bulk"]
     assert (stats.failed, stats.gave_up, stats.handled) == (1, 2, 0)
+
+
+async def test_a_handler_that_hangs_on_a_message_gives_up_on_it_once_past_the_limit(
+    broker: MemoryBroker,
+    memory_producer: Callable[[], MemoryStreamProducer],
+    publish: Callable[..., list[Any]],
+    running: Any,
+) -> None:
+    """A hang never *fails* the message: the ack timeout cuts it short and it comes
+    back (the memory broker counts its deliveries across producers, as SQS would).
+    Past ``give_up_after`` deliveries it is given up without a call, and the stream
+    moves on."""
+    publish(3)
+    clock = FakeClock()
+    service = Service("orders", producer=memory_producer, ack_timeout=10.0, clock=clock)
+    hangs: list[int | None] = []
+    handled: list[bytes] = []
+    hung = asyncio.Event()
+
+    @service.handler("stuck", give_up_after=2)
+    async def stuck(message: Message) -> None:
+        if message.body != b"m0":
+            handled.append(message.body)
+            return
+        hangs.append(message.attempt)
+        hung.set()
+        await asyncio.Event().wait()  # only the ack timeout ends it
+
+    @service.handler("other")  # keeps the group up while "stuck" is subscribed again
+    async def other(message: Message) -> None:
+        pass
+
+    async with running(service):
+        for _ in range(2):
+            await hung.wait()
+            hung.clear()
+            clock.advance(11.0)
+        await broker.wait_drained("orders", "svc")
+    assert hangs == [1, 2]
+    assert sorted(handled) == [b"m1", b"m2"]
+    (dead,) = broker.records("orders.dlq")
+    assert dead.value == b"m0"
+    assert dead.reason == (
+        "rejected by 1 of 2 subscribers; stuck: gave up after 2 attempts: not resolved by "
+        "any of them (the process stopped or the call was cut short each time)"
+    )
+    assert service.stats().handlers["stuck"].gave_up == 1
 
 
 async def test_a_service_giving_up_without_a_dead_letter_destination_refuses_to_start(

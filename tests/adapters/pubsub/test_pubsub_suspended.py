@@ -149,6 +149,5 @@ async def test_to_message_fills_body_key_headers_id_lane_and_attempt(
     keyed, plain = messages["héllo".encode()], messages[b"plain"]
     assert (keyed.key, dict(keyed.headers), keyed.lane) == (b"k-1", {"trace": b"t-1"}, "k-1")
     assert (plain.key, dict(plain.headers)) == (None, {})
-    # Pub/Sub counts delivery attempts only under a dead-letter policy.
-    expected = 1 if dead_letter_policy else None
-    assert keyed.attempt == plain.attempt == expected
+    # Pub/Sub counts delivery attempts only under a dead-letter policy; else the producer.
+    assert keyed.attempt == plain.attempt == 1

@@ -227,16 +227,15 @@ class KafkaStreamProducer(SharedStreamProducer):
         tp: Hashable = broker_payload.tp
         return tp
 
-    def dead_letter_destination(self) -> str | None:
-        """``"Kafka topic <dlq_topic>"``, or ``None`` without ``dlq_topic`` (a rejected
-        record is then committed past with a WARNING: a service that gives up on
-        messages, ``give_up_after``, is refused)."""
-        return None if self._dlq_topic is None else f"Kafka topic {self._dlq_topic}"
-
     def get_event_id(self, broker_payload: Any) -> Hashable:
         """``(topic, partition, offset)``: the same record however often it is fetched."""
         record = broker_payload.record
         return (record.topic, record.partition, record.offset)
+
+    def dead_letter_destination(self) -> str | None:
+        """``"Kafka topic <dlq_topic>"``; ``None`` without ``dlq_topic`` (a rejected
+        event is then committed past, with a WARNING line only)."""
+        return None if self._dlq_topic is None else f"Kafka topic {self._dlq_topic}"
 
     def to_message(self, raw_event: Any, broker_payload: Any) -> Message:
         """The record as an :class:`ackgate.Message`, its fields read from the record

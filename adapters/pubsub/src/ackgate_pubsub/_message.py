@@ -14,8 +14,9 @@ from ackgate import Message
 Received = Any
 
 
-def to_message(received: Received, lane: Hashable) -> Message:
-    """The :class:`~ackgate.Message` of ``received``, whose lane is ``lane``."""
+def to_message(received: Received, lane: Hashable, attempt: int) -> Message:
+    """The :class:`~ackgate.Message` of ``received``, whose lane is ``lane``, on its
+    delivery number ``attempt``."""
     message = received.message
     return Message(
         body=bytes(message.data),
@@ -23,6 +24,6 @@ def to_message(received: Received, lane: Hashable) -> Message:
         headers={name: value.encode() for name, value in message.attributes.items()},
         id=message.message_id,
         lane=lane,
-        attempt=received.delivery_attempt or None,
+        attempt=attempt,
         raw=received,
     )

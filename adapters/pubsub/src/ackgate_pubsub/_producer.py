@@ -46,8 +46,10 @@ Identity and messages: :meth:`PubSubStreamProducer.get_event_id` is the ``messag
 (SPEC §13). :meth:`PubSubStreamProducer.to_message` gives handlers ``body`` = ``data``,
 ``key`` = the ordering key as UTF-8 bytes (``None`` when empty), ``headers`` = the
 attributes as UTF-8 bytes, ``id`` = ``message_id``, ``attempt`` = ``delivery_attempt``.
-Pub/Sub counts delivery attempts only on a subscription with a dead-letter policy;
-elsewhere it sends 0 and ``attempt`` is ``None``.
+Pub/Sub counts delivery attempts only on a subscription with a dead-letter policy
+(and that count survives restarts); elsewhere it sends 0, and the producer counts the
+deliveries of each ``message_id`` it pulled itself (:class:`~ackgate.DeliveryCounts`),
+for its own life: a new producer (a restart of the group, a new process) counts from 1.
 
 Exactly-once subscriptions report per-ack-id failures: transient ones are retried,
 permanent ones (an expired ack id) are logged at WARNING with the message id, not
@@ -70,7 +72,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequen
 from logging import getLogger
 from typing import Any
 
-from ackgate import AdvanceItem, AdvanceOutcome, Message, SharedStreamProducer
+from ackgate import AdvanceItem, AdvanceOutcome, DeliveryCounts, Message, SharedStreamProducer
 from ackgate_pubsub._ack_calls import AckCall, run_ack_call
 from ackgate_pubsub._dead_letter import publish_dead_letters
 from ackgate_pubsub._errors import PubSubError
@@ -157,6 +159,9 @@ class PubSubStreamProducer(SharedStreamProducer):
         # Message ids by ack id, only so that failures can be logged by message id.
         self._message_ids: dict[str, str] = {}
         self._room = asyncio.Event()
+        #: Deliveries per message id in this producer's life, for ``Message.attempt``
+        #: where Pub/Sub counts none (a subscription without a dead-letter policy).
+        self._deliveries = DeliveryCounts()
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         """The ordering key, or the ack id (its own lane) when the key is empty."""
@@ -172,7 +177,15 @@ class PubSubStreamProducer(SharedStreamProducer):
 
     def to_message(self, raw_event: Any, broker_payload: Any) -> Message:
         """The :class:`~ackgate.Message` of one pulled message (see the module docstring)."""
-        return to_message(raw_event, self.get_advance_lane(broker_payload))
+        received: Received = raw_event
+        attempt = received.delivery_attempt or self._deliveries.get(received.message.message_id)
+        return to_message(received, self.get_advance_lane(broker_payload), attempt or 1)
+
+    def dead_letter_destination(self) -> str | None:
+        """``"Pub/Sub topic <dlq_topic>"``; ``None`` without ``dlq_topic``: a rejected
+        message is then nacked, and only the subscription's dead-letter policy (if
+        any) ever moves it, after ``max_delivery_attempts``."""
+        return None if self._dlq_topic is None else f"Pub/Sub topic {self._dlq_topic}"
 
     async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
         """Connect, then long-poll the subscription forever.
@@ -193,6 +206,8 @@ class PubSubStreamProducer(SharedStreamProducer):
             room = self._max_outstanding - len(self._leases)
             received = await self._pull(subscriber, min(self._max_messages, room))
             for message in await self._lease_on_receipt(received):
+                if not message.delivery_attempt:  # no dead-letter policy: count ourselves
+                    self._deliveries.add(message.message.message_id)
                 yield message, message
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:

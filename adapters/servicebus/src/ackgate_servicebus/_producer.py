@@ -317,6 +317,11 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         """The :class:`~ackgate.Message` of one received message (module docstring)."""
         return to_message(raw_event, self.get_advance_lane(broker_payload))
 
+    def dead_letter_destination(self) -> str:
+        """The dead-letter sub-queue of the entity: every rejected message is moved
+        there with ``dead_letter_message`` (reason ``"ackgate-rejected"``)."""
+        return f"the dead-letter sub-queue of {self._entity}"
+
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """Settle each message in order: complete, dead-letter or abandon (module docstring).
 

@@ -174,6 +174,12 @@ class SqsStreamProducer(SharedStreamProducer):
         """The :class:`~ackgate.Message` of one received message (see the module docstring)."""
         return to_message(raw_event, broker_payload)
 
+    def dead_letter_destination(self) -> str | None:
+        """``"SQS queue <dlq_queue_url>"``; ``None`` without ``dlq_queue_url``: a
+        rejected message is then released, and only the queue's redrive policy (if
+        any) ever moves it, after ``maxReceiveCount`` receives."""
+        return None if self._dlq_url is None else f"SQS queue {self._dlq_url}"
+
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """Delete, dead-letter or release each message (see the module docstring).
 

@@ -1,0 +1,131 @@
+"""SPEC §14 on SQS: ``Message.attempt`` is the ``ApproximateReceiveCount``, a message
+that always fails is dead-lettered to ``dlq_queue_url`` after ``give_up_after``
+attempts, and the count survives a process stop (the crash loop)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from ackgate import Message, Service
+from ackgate_sqs import REASON_ATTRIBUTE, SqsStreamProducer
+
+from .sqs_support import REGION, SqsAdmin
+
+
+def factory(sqs: SqsAdmin, url: str, **options: Any) -> Callable[[], SqsStreamProducer]:
+    # A short long poll keeps group shutdown quick: closing waits for a poll in flight.
+    return lambda: SqsStreamProducer(
+        url, region_name=REGION, endpoint_url=sqs.endpoint, wait_time_seconds=1, **options
+    )
+
+
+async def test_a_message_that_always_fails_is_dead_lettered_after_give_up_after_attempts(
+    sqs: SqsAdmin,
+) -> None:
+    url, dlq = await sqs.create_queue(), await sqs.create_queue()
+    bodies = ["poison", *(f"ok-{n}" for n in range(5))]
+    await sqs.send(url, bodies)
+    service = Service("sqs", producer=factory(sqs, url, dlq_queue_url=dlq))
+    attempts: list[int | None] = []
+    handled: dict[str, Counter[str]] = {"picky": Counter(), "other": Counter()}
+    done = asyncio.Event()
+
+    def finished() -> None:
+        if attempts[-1:] == [3] and all(len(seen) == 5 for seen in handled.values()):
+            done.set()
+
+    @service.handler("picky", give_up_after=3)
+    async def picky(message: Message) -> None:
+        if message.body == b"poison":
+            attempts.append(message.attempt)
+            finished()
+            raise ValueError("bad row")
+        handled["picky"][message.body.decode()] += 1
+        finished()
+
+    @service.handler("other")
+    async def other(message: Message) -> None:
+        if message.body != b"poison":
+            handled["other"][message.body.decode()] += 1
+        finished()
+
+    async with asyncio.timeout(60):
+        running = asyncio.create_task(service.run())
+        await done.wait()
+        await service.stop()  # the last call has returned: its reject is advanced
+        await running
+    assert attempts == [1, 2, 3]
+    assert handled["picky"] == handled["other"] == Counter(bodies[1:])  # nothing else lost
+    assert service.stats().handlers["picky"].gave_up == 1
+    (letter,) = await sqs.drain(dlq)
+    assert letter["Body"] == "poison"
+    assert letter["MessageAttributes"][REASON_ATTRIBUTE]["StringValue"] == (
+        "rejected by 1 of 2 subscribers; picky: gave up after 3 attempts: ValueError: bad row"
+    )
+    assert await sqs.drain(url, wait=1) == []
+
+
+async def test_a_message_that_stops_the_process_is_given_up_past_give_up_after(
+    sqs: SqsAdmin,
+) -> None:
+    """The crash loop: the handler never *fails* the message, the process stops on it
+    (here: ``run()`` is cancelled mid-call, and the message released). SQS counts the
+    receives across processes, so the third process gives up on it without a call."""
+    url, dlq = await sqs.create_queue(), await sqs.create_queue()
+    await sqs.send(url, ["deadly"])
+    calls: list[int | None] = []
+
+    def process() -> tuple[Service, asyncio.Event]:
+        service = Service("sqs", producer=factory(sqs, url, dlq_queue_url=dlq))
+        entered = asyncio.Event()
+
+        @service.handler("deadly", give_up_after=2)
+        async def deadly(message: Message) -> None:
+            calls.append(message.attempt)
+            entered.set()
+            await asyncio.Event().wait()  # the process "dies" here
+
+        return service, entered
+
+    for life in range(3):
+        service, entered = process()
+        async with asyncio.timeout(60):
+            running = asyncio.create_task(service.run())
+            if life < 2:
+                await entered.wait()
+                running.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await running
+                continue
+            letters = await _received(sqs, dlq)
+            await service.stop()
+            await running
+    assert calls == [1, 2]
+    assert service.stats().handlers["deadly"].gave_up == 1
+    assert letters[0]["Body"] == "deadly"
+    assert letters[0]["MessageAttributes"][REASON_ATTRIBUTE]["StringValue"].startswith(
+        "rejected by 1 of 1 subscribers; deadly: gave up after 2 attempts: not resolved"
+    )
+
+
+async def _received(sqs: SqsAdmin, url: str) -> list[dict[str, Any]]:
+    """Long-poll ``url`` until it holds something; bound it with ``asyncio.timeout``."""
+    while True:
+        letters = await sqs.drain(url, wait=1, once=True)
+        if letters:
+            return letters
+
+
+def test_the_dead_letter_destination_is_dlq_queue_url_only() -> None:
+    # Without it a reject is released to the queue's redrive policy, if there is one:
+    # give_up_after is then refused (the service would not know where it went).
+    url = "http://localhost:4566/000000000000/q"
+    assert SqsStreamProducer(url).dead_letter_destination() is None
+    assert SqsStreamProducer(url, dlq_queue_url=url + "-dlq").dead_letter_destination() == (
+        f"SQS queue {url}-dlq"
+    )
