@@ -53,7 +53,7 @@ async def test_records_convert_to_messages_with_their_identity(kafka: KafkaTestC
     assert dict(message.headers) == {"trace": b"t1", "dup": b"last"}
     assert message.id == f"{topic}/1/0"
     assert message.lane == TopicPartition(topic, 1) == producer.get_advance_lane(first_delivery)
-    assert message.attempt is None
+    assert message.attempt == tombstone.attempt == 1
     assert message.raw is first
     assert (tombstone.body, tombstone.key, tombstone.id) == (b"", b"gone", f"{topic}/1/1")
     assert tombstone.raw.value is None
@@ -111,7 +111,7 @@ class _Record:
 
 def test_a_record_message_is_a_frozen_message_and_copies_as_a_plain_one() -> None:
     producer = KafkaStreamProducer("t", bootstrap_servers="unused:9092", group_id="g")
-    delivery = SimpleNamespace(tp=TopicPartition("t", 3))
+    delivery = SimpleNamespace(tp=TopicPartition("t", 3), attempt=1)
     message = producer.to_message(_Record(), delivery)
     assert isinstance(message, Message)
     assert message.headers is message.headers  # built once
@@ -133,7 +133,7 @@ def test_a_value_that_is_not_bytes_is_refused() -> None:
     producer = KafkaStreamProducer("t", bootstrap_servers="unused:9092", group_id="g")
     record = _Record()
     record.value = "text"  # type: ignore[assignment]
-    delivery = SimpleNamespace(tp=TopicPartition("t", 3))
+    delivery = SimpleNamespace(tp=TopicPartition("t", 3), attempt=1)
     with pytest.raises(TypeError, match="needs bytes values"):
         producer.to_message(record, delivery)
     with pytest.raises(TypeError, match="needs bytes values"):

@@ -39,15 +39,16 @@ def puller(stream: AsyncIterator[tuple[Any, Any]]) -> Pull:
 
 
 def spy_commits(producer: KafkaStreamProducer) -> list[dict[Any, int]]:
-    """Record every commit call the producer makes (white-box: wraps its consumer)."""
+    """Record the offsets of every commit call the producer makes (white-box: wraps its
+    consumer; the offset map in the metadata is left out)."""
     calls: list[dict[Any, int]] = []
     consumer = producer._consumer
     real = consumer.commit
 
-    async def commit(offsets: dict[Any, int]) -> None:
+    async def commit(offsets: dict[Any, tuple[int, str]]) -> None:
         assigned = consumer.assignment()
         assert all(tp in assigned for tp in offsets), f"commit of unowned {offsets}"
-        calls.append(dict(offsets))
+        calls.append({tp: offset for tp, (offset, _) in offsets.items()})
         await real(offsets)
 
     consumer.commit = commit
@@ -136,19 +137,25 @@ async def test_acked_commits_once_per_batch_and_failed_is_held_then_redelivered(
             ]
         )
         assert commits == [{tp: 4}, {tp: 5}]
-        # 7..9 were fetched before the seek: acking them must not move past the hold.
+        # 7..9 were fetched before the seek: acking them must not move past the hold,
+        # but they are finished: the same offset is committed again with them in its map.
         await producer.advance([AdvanceItem(p, ACK) for _, p in first[7:]])
-        assert commits == [{tp: 4}, {tp: 5}]
+        assert commits == [{tp: 4}, {tp: 5}, {tp: 5}]
+        assert [p.attempt for _, p in first] == [1] * 10
 
-        again = await pull(5)
-        assert [r.offset for r, _ in again] == [5, 6, 7, 8, 9]
+        # Only 5 comes back (6..9 are finished), as its second attempt, recorded in the
+        # metadata (committed again) before it is yielded.
+        again = await pull(1)
+        assert [(r.offset, p.attempt) for r, p in again] == [(5, 2)]
+        assert commits == [{tp: 4}, {tp: 5}, {tp: 5}, {tp: 5}]
         # The redelivered 5 reaches nobody this time: still held, no commit call needed.
         await producer.advance([AdvanceItem(again[0][1], NOBODY)])
-        assert commits == [{tp: 4}, {tp: 5}]
-        third = await pull(5)
-        assert [r.offset for r, _ in third] == [5, 6, 7, 8, 9]
+        assert len(commits) == 4
+        third = await pull(1)
+        assert [(r.offset, p.attempt) for r, p in third] == [(5, 3)]
+        # Acking 5 commits past the finished 6..9 at once.
         await producer.advance([AdvanceItem(p, ACK) for _, p in third])
-        assert commits == [{tp: 4}, {tp: 5}, {tp: 10}]
+        assert commits[-1] == {tp: 10}
         assert await kafka.committed(group) == {tp: 10}
     finally:
         await stream.aclose()

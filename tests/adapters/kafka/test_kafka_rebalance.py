@@ -53,9 +53,9 @@ class CheckedProducer(KafkaStreamProducer):
         consumer = self._consumer
         real = consumer.commit
 
-        async def commit(offsets: dict[Any, int]) -> None:
+        async def commit(offsets: dict[Any, tuple[int, str]]) -> None:
             rebalancing = consumer._subscription.reassignment_in_progress
-            for tp, offset in offsets.items():
+            for tp, (offset, _) in offsets.items():
                 if tp not in consumer.assignment() or (rebalancing and not self._in_revoke):
                     self.violations.append(f"{tp.topic}-{tp.partition}@{offset}")
                 self.commits.append((tp.topic, tp.partition, offset))

@@ -3,11 +3,11 @@
 A ``Service`` converts every record once, in the poll, before fan-out, so the
 conversion is on the hot path of every message. :class:`RecordMessage` is a
 ``Message`` (a subclass: ``isinstance``, ``dataclasses.fields``, ``asdict`` and
-``repr`` work as for any) that only keeps the record and its partition, and reads
-each field from the record when it is asked for: building one costs two slot
-writes, where the dataclass constructor costs seven frozen writes and an id
-string per record. ``dataclasses.replace``, ``copy`` and ``pickle`` give a plain
-``Message`` with the same fields.
+``repr`` work as for any) that only keeps the record, its partition and its
+attempt number, and reads each field from the record when it is asked for:
+building one costs three slot writes, where the dataclass constructor costs seven
+frozen writes and an id string per record. ``dataclasses.replace``, ``copy`` and
+``pickle`` give a plain ``Message`` with the same fields.
 """
 
 from __future__ import annotations
@@ -41,11 +41,12 @@ class RecordMessage(Message):
     the record headers as a dict, built once on first access (for a header name
     that occurs more than once the last value wins; every value is in
     ``message.raw.headers``), ``id`` ``"<topic>/<partition>/<offset>"``, ``lane``
-    the ``TopicPartition``, ``attempt`` ``None`` (Kafka keeps no delivery count)
-    and ``raw`` the record.
+    the ``TopicPartition``, ``attempt`` the delivery count of this offset (the
+    adapter counts it: Kafka keeps none) and ``raw`` the record.
     """
 
-    __slots__ = ("_headers", "_lane", "_record")
+    __slots__ = ("_attempt", "_headers", "_lane", "_record")
+    _attempt: int
     _headers: Mapping[str, bytes]
     _lane: Hashable
     _record: Any
@@ -89,8 +90,9 @@ class RecordMessage(Message):
         return lane
 
     @property
-    def attempt(self) -> int | None:
-        return None
+    def attempt(self) -> int:
+        attempt: int = self._attempt
+        return attempt
 
     @property
     def raw(self) -> Any:
@@ -99,23 +101,31 @@ class RecordMessage(Message):
 
 _FIELDS = ("body", "id", "key", "headers", "lane", "attempt", "raw")
 # The slots' own setters: a frozen dataclass refuses ``setattr``, and these are
-# the cheapest way past it (two calls per record).
+# the cheapest way past it (three calls per record).
 _set_record = RecordMessage.__dict__["_record"].__set__
 _set_lane = RecordMessage.__dict__["_lane"].__set__
+_set_attempt = RecordMessage.__dict__["_attempt"].__set__
 _set_headers = RecordMessage.__dict__["_headers"].__set__
 
 
-def wrap(record: Any, lane: Hashable) -> RecordMessage:
+def wrap(record: Any, lane: Hashable, attempt: int) -> RecordMessage:
     message: RecordMessage = _new(RecordMessage)
     _set_record(message, record)
     _set_lane(message, lane)
+    _set_attempt(message, attempt)
     return message
 
 
-def wrap_all(producer: object, records: Sequence[Any], lane: Hashable) -> list[Message]:
-    """One message per record of a partition's fetch (``check_value`` for each)."""
+def wrap_all(
+    producer: object, records: Sequence[Any], lane: Hashable, deliveries: Sequence[Any]
+) -> list[Message]:
+    """One message per record of a partition's fetch (``check_value`` for each), its
+    attempt read from its delivery."""
     for record in records:
         value = record.value
         if value is not None and type(value) is not bytes:
             check_value(producer, value)
-    return [wrap(record, lane) for record in records]
+    return [
+        wrap(record, lane, delivery.attempt)
+        for record, delivery in zip(records, deliveries, strict=True)
+    ]

@@ -26,6 +26,28 @@ What each outcome does to the broker, per partition (the lane is ``(topic, parti
 
 One ``commit`` call per ``advance`` batch, for the last committable offset.
 
+**The offset map** (:mod:`ackgate_kafka._offset_map`). Every commit's metadata records
+the offsets past the committed one that already advanced clean (acked by every
+subscriber, or rejected with the DLQ copy acknowledged: what a commit past them would
+require) and how often the offsets from the committed one on were delivered. Clean
+outcomes past a hold, and those of copies fetched before it (stale), are recorded as
+*finished*: they are not yielded again when fetched again, and when the commit reaches
+them it moves past them. While a hold keeps the commit in place, each ``advance`` that
+finishes more offsets commits the same offset again with the new map, so a restart or
+a new owner (which reads the map before yielding anything of the partition) does not
+replay them. The map is bounded (4000 characters; the farthest runs are left out), and
+a map that is missing, malformed, or written for another partition, topic or offset is
+ignored (logged at INFO): only duplicates result.
+
+**Attempts.** ``Message.attempt`` is the delivery count of the offset: counted for the
+producer's life (one group life), and carried in the map for the offsets at and after
+the committed one. Before yielding an offset delivered before, and before the first
+records of an assignment, the producer commits the committed offset again with the
+new counts, so a service that dies on a message (a crash loop) counts up on every start.
+An offset that earlier lives delivered twice or more without finishing it is yielded
+alone, and nothing after it until it is committed past: a crash loop then dies on that
+offset only, and only its count goes up (``give_up_after`` can end the loop).
+
 **Redelivery after a hold, and why nothing is committed twice or too far.** Every
 yielded delivery carries the *epoch* of its partition at fetch time. Holding at
 offset ``F`` seeks to ``F`` and starts a new epoch; deliveries of the old epoch that
@@ -69,7 +91,7 @@ group may not resolve in time: they are then redelivered to the new owner.
 the subscribers that already acked it (SPEC §13): only those that failed it (or
 joined since) see it twice. :meth:`~KafkaStreamProducer.to_message` builds the
 ``ackgate.Message`` a ``Service`` handler receives (tombstones, duplicate header
-names and the missing delivery count are described there).
+names and the delivery count are described there).
 
 **Errors.** A broker error while starting or polling ends the group: subscribers get
 ``StreamTerminated`` whose ``__cause__`` is a ``ConnectionError`` (cannot reach the
@@ -93,6 +115,7 @@ from ackgate import AdvanceItem, AdvanceOutcome, EventBatch, Message, SharedStre
 from ackgate_kafka._dead_letter import SHARED_CONNECTION_OPTIONS, dead_letter_headers
 from ackgate_kafka._membership import MembershipKeeper
 from ackgate_kafka._message import check_value, wrap, wrap_all
+from ackgate_kafka._offset_map import OffsetRuns, decode, encode
 from ackgate_kafka._partitions import Delivery, PartitionState
 
 log = logging.getLogger("ackgate.adapters.kafka")
@@ -218,16 +241,16 @@ class KafkaStreamProducer(SharedStreamProducer):
         """The record as an :class:`ackgate.Message`, its fields read from the record
         (:class:`ackgate_kafka._message.RecordMessage` lists them: the body is the
         value, ``b""`` for a tombstone; ``id`` is ``"<topic>/<partition>/<offset>"``;
-        ``lane`` the partition; ``attempt`` ``None``, as Kafka keeps no delivery
-        count). With a value deserializer, a value that is not ``bytes`` is a
+        ``lane`` the partition; ``attempt`` the delivery count the adapter keeps, as
+        Kafka keeps none). With a value deserializer, a value that is not ``bytes`` is a
         ``TypeError``.
         """
         check_value(self, raw_event.value)
-        return wrap(raw_event, broker_payload.tp)
+        return wrap(raw_event, broker_payload.tp, broker_payload.attempt)
 
     def to_messages(self, batch: EventBatch) -> list[Message]:
         """:meth:`to_message` for a whole partition batch, in one pass."""
-        return wrap_all(self, batch.raw_events, batch.lane)
+        return wrap_all(self, batch.raw_events, batch.lane, batch.broker_payloads)
 
     async def open_stream(self) -> AsyncGenerator[tuple[Any, Any], None]:
         """Join the group and yield ``(ConsumerRecord, delivery)`` for every fetched record.
@@ -236,19 +259,20 @@ class KafkaStreamProducer(SharedStreamProducer):
         ``RuntimeError`` (chained to the aiokafka error) if polling fails later.
         Cancellation stops polling; the consumer stays open for the last advances.
         """
-        batches = self._partition_batches()
+        chunks = self._chunks()
         try:
-            async for tp, part, epoch, records in batches:
-                for record in records:
+            async for part, epoch, deliveries in chunks:
+                for delivery in deliveries:
                     # A hold or revoke while we were suspended at a yield makes the
                     # rest of this fetch stale: the seek / the owner after the
                     # rebalance fetches it again from the committed offset.
                     if part.epoch != epoch or part.draining:
                         break
+                    record = delivery.record
                     part.yielded_next = record.offset + 1
-                    yield record, Delivery(tp, record, epoch)
+                    yield record, delivery
         finally:
-            await batches.aclose()
+            await chunks.aclose()
 
     async def open_stream_batches(self) -> AsyncGenerator[EventBatch, None]:
         """:meth:`open_stream` by partition batch: :class:`ackgate.EventBatch` es of up
@@ -258,24 +282,70 @@ class KafkaStreamProducer(SharedStreamProducer):
         partition was held or revoked meanwhile, so a rebalance waits for at most
         one stale batch per partition. Errors and cancellation as in
         :meth:`open_stream`."""
+        chunks = self._chunks()
+        try:
+            async for part, _, deliveries in chunks:
+                tp = deliveries[0].tp
+                topic, partition = tp.topic, tp.partition
+                records = [delivery.record for delivery in deliveries]
+                part.yielded_next = records[-1].offset + 1
+                yield EventBatch(
+                    records,
+                    deliveries,
+                    tp,
+                    [(topic, partition, record.offset) for record in records],
+                )
+        finally:
+            await chunks.aclose()
+
+    async def _chunks(self) -> AsyncGenerator[tuple[PartitionState, int, list[Delivery]], None]:
+        """``(partition, epoch, deliveries)`` for up to 256 records of one partition of a
+        fetch at a time, counted as delivered (``Delivery.attempt``), finished offsets
+        (the offset map) left out. Stops a partition's fetch, between chunks, once it was
+        held or revoked meanwhile.
+
+        Before a chunk that redelivers an offset, or the first chunk of an assignment, a
+        commit at the committed offset records the new counts in its metadata, so a
+        process that dies on the chunk's messages counts up on its next start.
+
+        An offset that earlier lives delivered twice or more without finishing it (a
+        crash loop, ``PartitionState.careful``) is yielded alone, and nothing after it
+        until it is committed past (or held, or revoked): the next life then knows which
+        offset the process died on, and the offsets around it do not count up with it.
+        """
         batches = self._partition_batches()
         new_delivery = tuple.__new__
         try:
             async for tp, part, epoch, fetched in batches:
-                topic, partition = tp.topic, tp.partition
-                for start in range(0, len(fetched), _BATCH_RECORDS):
-                    # As in open_stream, per chunk: a hold or revoke while we were
-                    # suspended at a yield makes the rest of this fetch stale.
+                at = 0
+                while at < len(fetched):
                     if part.epoch != epoch or part.draining:
                         break
-                    records = fetched[start : start + _BATCH_RECORDS]
-                    part.yielded_next = records[-1].offset + 1
-                    yield EventBatch(
-                        records,
-                        [new_delivery(Delivery, (tp, record, epoch)) for record in records],
-                        tp,
-                        [(topic, partition, record.offset) for record in records],
+                    records = fetched[at : at + _BATCH_RECORDS]
+                    if part.careful:
+                        records = part.careful_piece(records)
+                    at += len(records)
+                    if part.finished:
+                        records = [r for r in records if r.offset not in part.finished]
+                        if not records:
+                            continue
+                    attempts, redelivered = part.count_deliveries(records)
+                    if redelivered or part.announce:
+                        await self._record_deliveries(tp, part, epoch, fetched[0].offset)
+                        if part.epoch != epoch or part.draining:
+                            break
+                    yield (
+                        part,
+                        epoch,
+                        [
+                            new_delivery(Delivery, (tp, record, epoch, attempt))
+                            for record, attempt in zip(records, attempts, strict=True)
+                        ],
                     )
+                    offset = records[0].offset
+                    if offset in part.careful:
+                        await self._committed_past(part, epoch, offset)
+                        part.careful.discard(offset)
         finally:
             await batches.aclose()
 
@@ -334,6 +404,13 @@ class KafkaStreamProducer(SharedStreamProducer):
                 # (and maybe assigned back) while we yielded an earlier one is stale too.
                 batches = [(tp, self._own(tp), records) for tp, records in fetched.items()]
                 epochs = [part.epoch for _, part, _ in batches]
+                unloaded = [
+                    (tp, part, epoch)
+                    for (tp, part, _), epoch in zip(batches, epochs, strict=True)
+                    if not part.map_loaded
+                ]
+                if unloaded:
+                    await self._load_maps(unloaded)
                 for (tp, part, records), epoch in zip(batches, epochs, strict=True):
                     if records and part.epoch == epoch and not part.draining:
                         yield tp, part, epoch, records
@@ -353,18 +430,24 @@ class KafkaStreamProducer(SharedStreamProducer):
         epoch = part.epoch
         commit_to: int | None = None
         hold_at: int | None = None
+        finished: list[int] = []
         stale = 0
         dlq_writes: list[Any] = []
         for item in batch:
             delivery: Delivery = item.broker_payload
-            if delivery.epoch != epoch:
-                stale += 1
-                continue
             outcome = item.outcome
             offset = delivery.record.offset
+            if delivery.epoch != epoch:
+                stale += 1
             if outcome.failed or not (outcome.acked or outcome.rejected):
-                hold_at = offset
-                break
+                if delivery.epoch == epoch and hold_at is None:
+                    hold_at = offset
+                continue
+            # Clean. Past a hold, or fetched before one (stale), it goes into the offset
+            # map as finished, once its DLQ copy (if any) is acknowledged: the map names
+            # only offsets whose advance was clean, as a commit past them would be.
+            if delivery.epoch < part.assigned_epoch:
+                continue
             if outcome.rejected and self._dlq is not None:
                 dlq_writes.append(await self._dead_letter(delivery, outcome))
             elif outcome.rejected:
@@ -374,11 +457,14 @@ class KafkaStreamProducer(SharedStreamProducer):
                     tp.partition,
                     offset,
                 )
-            commit_to = offset + 1
+            if delivery.epoch == epoch and hold_at is None:
+                commit_to = offset + 1
+            else:
+                finished.append(offset)
         if stale:
             log.debug(
-                "Skipped %d deliveries of %s-%d from an earlier epoch (refetched after a "
-                "hold or revoked)",
+                "%d deliveries of %s-%d from an earlier epoch (refetched after a hold or "
+                "revoked): not committed, recorded as finished if clean",
                 stale,
                 tp.topic,
                 tp.partition,
@@ -406,12 +492,77 @@ class KafkaStreamProducer(SharedStreamProducer):
                         tp.partition,
                     )
                 return
+            for offset in finished:
+                part.finish(offset)
+            if hold_at is None and commit_to is not None:
+                # Finished offsets right after the clean prefix were never yielded again
+                # (or were, and their copies resolved before them): commit past them too.
+                commit_to = part.finished.take_from(commit_to)
             target = hold_at if hold_at is not None else commit_to
             if target is not None and (part.committed_next is None or target > part.committed_next):
                 await self._commit(tp, part, target)
+            elif finished and part.committed_next is not None:
+                # The commit is held: a metadata-only commit keeps the map current, so
+                # a restart does not replay what was finished meanwhile.
+                await self._commit(tp, part, part.committed_next)
             if hold_at is not None:
                 self._hold(tp, part, hold_at)
         self._progress.set()
+
+    async def _load_maps(self, pending: list[tuple[Any, PartitionState, int]]) -> None:
+        """Read the committed offset and its offset map of newly assigned partitions."""
+        try:
+            # aiokafka's public ``committed()`` drops the metadata; this is what it calls.
+            committed = await self._consumer._coordinator.fetch_committed_offsets(
+                [tp for tp, _, _ in pending]
+            )
+        except self._errors.KafkaError as exc:
+            log.error("Kafka committed-offset fetch failed group=%s: %r", self._group_id, exc)
+            raise self._translate(exc, "poll failed") from exc
+        for tp, part, epoch in pending:
+            if part.epoch != epoch or part.map_loaded:
+                continue  # revoked meanwhile: the next assignment reads it again
+            found = committed.get(tp)
+            offset = found.offset if found is not None and found.offset >= 0 else None
+            offset_map = None
+            if offset is not None and found.metadata:
+                decoded = decode(found.metadata, tp.topic, tp.partition, offset)
+                if isinstance(decoded, str):
+                    log.info(
+                        "Ignoring the offset map committed with %s-%d@%d (%s): offsets past "
+                        "it are delivered again",
+                        tp.topic,
+                        tp.partition,
+                        offset,
+                        decoded,
+                    )
+                else:
+                    offset_map = decoded
+            part.load(offset, offset_map)
+
+    async def _committed_past(self, part: PartitionState, epoch: int, offset: int) -> None:
+        """Wait until ``offset`` is committed past, held or revoked (advance and revoke
+        set ``_progress``)."""
+        while (
+            part.epoch == epoch
+            and not part.draining
+            and (part.committed_next is None or part.committed_next <= offset)
+        ):
+            self._progress.clear()
+            await self._progress.wait()
+
+    async def _record_deliveries(
+        self, tp: Any, part: PartitionState, epoch: int, first: int
+    ) -> None:
+        """Commit the committed offset again (``first``, where the fetch started, if
+        there is none yet), its metadata now counting the deliveries about to be made."""
+        async with self._lock:
+            if not part.owned or part.epoch != epoch or part.draining:
+                return
+            await self._commit(
+                tp, part, first if part.committed_next is None else part.committed_next
+            )
+            part.announce = False
 
     async def aclose(self) -> None:
         """Stop the DLQ producer, then the consumer (which leaves the group).
@@ -436,12 +587,17 @@ class KafkaStreamProducer(SharedStreamProducer):
         """
         part = self._partitions.get(tp)
         if part is None:
-            part = self._partitions[tp] = PartitionState(epoch=next(self._epochs))
+            epoch = next(self._epochs)
+            part = self._partitions[tp] = PartitionState(epoch=epoch, assigned_epoch=epoch)
         elif not part.owned:
             part.new_epoch(next(self._epochs))
+            part.assigned_epoch = part.epoch
             part.owned = True
             part.committed_next = None
             part.held_at = None
+            part.map_loaded = False
+            part.announce = True
+            part.finished = OffsetRuns()
         else:
             return part
         log.info("Partition assigned %s-%d group=%s", tp.topic, tp.partition, self._group_id)
@@ -476,6 +632,7 @@ class KafkaStreamProducer(SharedStreamProducer):
                 part.owned = False
                 part.draining = False
                 part.new_epoch(next(self._epochs))
+        self._progress.set()
         log.info(
             "Partitions revoked group=%s: %s",
             self._group_id,
@@ -502,9 +659,12 @@ class KafkaStreamProducer(SharedStreamProducer):
             raise self._translate(exc, "DLQ write failed") from exc
 
     async def _commit(self, tp: Any, part: PartitionState, offset: int) -> None:
-        assert part.owned and (part.committed_next is None or offset > part.committed_next)
+        assert part.owned and (part.committed_next is None or offset >= part.committed_next)
+        metadata = encode(
+            tp.topic, tp.partition, offset, part.finished, part.seen_next, part.counts
+        )
         try:
-            await self._consumer.commit({tp: offset})
+            await self._consumer.commit({tp: (offset, metadata)})
         except self._errors.KafkaError as exc:
             log.error(
                 "Kafka commit failed group=%s %s-%d offset=%d (last committed %s): %r",
@@ -516,7 +676,7 @@ class KafkaStreamProducer(SharedStreamProducer):
                 exc,
             )
             raise self._translate(exc, "commit failed") from exc
-        part.committed_next = offset
+        part.committed(offset)
 
     def _hold(self, tp: Any, part: PartitionState, offset: int) -> None:
         part.new_epoch(next(self._epochs))
