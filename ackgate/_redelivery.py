@@ -11,11 +11,11 @@ What is remembered, per group and for the group's life: for each of the last
 (any copy of it), as a bit mask over subscriber ids, and how many copies of it
 were broadcast (only a copy of an id seen before is checked at hand-out). Oldest
 ids are forgotten first; forgetting one only costs a duplicate delivery.
-Subscriber ids get a bit each the first time they join, for the group's life (a bit is never
-reused, so a remembered ack can never be credited to another subscriber); ids
-beyond the first ``_MAX_SUBSCRIBER_IDS`` of a group (dynamic groups with ever-new
-ids) get none and are always handed every copy. Rejections and failures are never
-remembered: a subscriber that did not ack is handed the copy.
+Subscriber ids get a bit each the first time they join, for the group's life (a
+bit is never reused, so a remembered ack can never be credited to another
+subscriber); ids beyond the first ``_MAX_SUBSCRIBER_IDS`` of a group (dynamic
+groups with ever-new ids) get none and are always handed every copy. Rejections
+and failures are never remembered: a subscriber that did not ack is handed the copy.
 
 Size: one dict entry, one deque slot and one two-item list per remembered id, plus
 the id itself (``benchmarks/redelivery_memory.py`` measures the bytes per id).

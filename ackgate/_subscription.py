@@ -298,9 +298,10 @@ class Subscription:
 
         Caller: every hand-out (``__anext__``, ``_take_queued``) and what resolves the
         events still queued for it (leaving, a force-fail, the end of the group, the
-        ack timeout), each once per queued event. An ack made before the broadcast
-        was counted then (``Group._carry_over``); one made since is counted here, the
-        same way: ``acked``, and one more redelivery skipped.
+        ack timeout). An ack made before the broadcast was counted then
+        (``Group._carry_over``); one made since is counted at the first call, the same
+        way: ``acked``, and one more redelivery skipped. Its bit in ``event.skipped``
+        makes later calls count nothing.
         """
         bit = self._bit
         if bit is None:
