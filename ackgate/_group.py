@@ -237,12 +237,13 @@ class Group:
         return None
 
     def _skip_queued(self, sub: Subscription) -> None:
-        """``sub`` will never be handed its queued events: they resolve as failed."""
+        """``sub`` will never be handed its queued events: they resolve as failed,
+        except the copies of an id it acked (counted acked, as a hand-out would)."""
         log = self.log
         for position in range(sub._cursor, log.head):
             event = log.at(position)
             event.undelivered -= 1
-            if self.ack_mode and not (event.skipped and sub._skips(event)):
+            if self.ack_mode and not (event.redelivered and sub._acked_earlier_copy(event)):
                 self.resolve(event, "failed")
         sub._cursor = log.head
         log.trim()
@@ -386,6 +387,9 @@ class Group:
 
     @staticmethod
     def _owes(sub: Subscription, event: Event) -> bool:
+        """Whether ``sub`` still owes ``event``, which fell due. A queued copy of an id
+        it acked since the broadcast is counted acked here, as its hand-out would
+        count it (SPEC §13): that is no debt to be force-failed for."""
         if sub._failure is not None:
             return False
         if event in sub._outputs or any(batch.owes(event) for batch in sub._batches):
@@ -396,7 +400,7 @@ class Group:
             not sub._left
             and sub._joined_at <= event.position
             and sub._cursor <= event.position
-            and not (event.skipped and sub._skips(event))
+            and not (event.redelivered and sub._acked_earlier_copy(event))
         )
 
     async def _watch_timeouts(self) -> None:
@@ -724,10 +728,24 @@ class Group:
             if bit is not None and acked_before >> bit & 1:
                 skipped |= 1 << bit
                 event.pending -= 1
-                by = self.redeliveries_skipped_by
-                by[sub.subscriber_id] = by.get(sub.subscriber_id, 0) + 1
-                self.redeliveries_skipped += 1
+                self._count_skip(sub)
         event.skipped = skipped
+
+    def skip_at_hand_out(self, event: Event, sub: Subscription, flag: int) -> None:
+        """Caller: ``Subscription._acked_earlier_copy``. ``sub`` acked an earlier copy
+        of ``event`` after its broadcast and is not handed it: counted acked for it
+        now, exactly as ``_carry_over`` would have at the broadcast."""
+        assert event.pending > 0, "resolved more often than its snapshot allows"
+        event.skipped |= flag
+        self._count_skip(sub)
+        event.pending -= 1
+        if event.pending == 0:
+            self._resolved(event)
+
+    def _count_skip(self, sub: Subscription) -> None:
+        by = self.redeliveries_skipped_by
+        by[sub.subscriber_id] = by.get(sub.subscriber_id, 0) + 1
+        self.redeliveries_skipped += 1
 
     def _refresh_min_cursor(self) -> int:
         self._min_cursor_hint = min((sub._cursor for sub in self.active), default=self.log.head)

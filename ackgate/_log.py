@@ -24,7 +24,8 @@ class Event:
     ``acked + failed + rejected + pending == snapshot`` at all times (``acked`` is
     derived, so a subscriber's ack costs one decrement), and
     ``undelivered <= pending + popcount(skipped)``: nobody is handed an event it no
-    longer owes (subscribers in ``skipped`` pass it without being handed it).
+    longer owes (subscribers in ``skipped`` pass it without being handed it), and
+    ``skipped`` is nonzero only if ``redelivered``.
     """
 
     __slots__ = (
@@ -36,6 +37,7 @@ class Event:
         "pending",
         "position",
         "raw",
+        "redelivered",
         "rejected",
         "skipped",
         "snapshot",
@@ -68,8 +70,12 @@ class Event:
         #: The redelivery memory's cell of the event's id (SPEC §13): the bits of the
         #: subscribers that acked a copy of it. ``None`` when the event has no id.
         self.acked_cell = acked_cell
-        #: Bits of the subscribers counted acked at broadcast because they acked an
-        #: earlier copy of the event's id: they pass the event without being handed it.
+        #: Whether a copy of the event's id was broadcast before in this group: only
+        #: then may a subscriber have acked an earlier copy, and a hand-out check it.
+        self.redelivered = acked_cell is not None and acked_cell[1] > 1
+        #: Bits of the subscribers counted acked because they acked an earlier copy of
+        #: the event's id, before its broadcast or before its hand-out: they pass the
+        #: event without being handed it.
         self.skipped = 0
         self.failed = 0
         self.rejected = 0

@@ -135,10 +135,10 @@ class Subscription:
                 event.undelivered -= 1
                 if event.undelivered == 0:
                     log.trim()
-                if not (event.skipped and self._skips(event)):
+                if not (event.redelivered and self._acked_earlier_copy(event)):
                     break
-                # Counted acked at broadcast (it acked an earlier copy): pass it. A
-                # poll waiting for room may be waiting for exactly this cursor.
+                # Counted acked (it acked an earlier copy): pass it. A poll waiting
+                # for room may be waiting for exactly this cursor.
                 if group.blocked:
                     group.room.set()
                 continue
@@ -245,22 +245,20 @@ class Subscription:
     def _take_queued(self, limit: int) -> list[Event]:
         """Up to ``limit`` events already queued for this subscriber, in stream order,
         for a bulk hand-out; the cursor moves past them and past the copies it passes
-        (counted acked at broadcast: it acked an earlier copy). Mirrors the hand-out
-        of ``__anext__`` (kept inline there: the hot path), one loop step per event."""
+        (counted acked: it acked an earlier copy). Mirrors the hand-out of
+        ``__anext__`` (kept inline there: the hot path), one loop step per event."""
         group = self._group
         log = group.log
         taken: list[Event] = []
         if limit <= 0 or self._cursor == log.head:
             return taken
-        bit = self._bit
         passed = 0
         for event in islice(log.entries, self._cursor - log.base, None):
             if len(taken) == limit:
                 break
             passed += 1
             event.undelivered -= 1
-            skipped = event.skipped
-            if skipped and bit is not None and skipped >> bit & 1:
+            if event.redelivered and self._acked_earlier_copy(event):
                 continue
             taken.append(event)
         self._cursor += passed
@@ -294,10 +292,28 @@ class Subscription:
                 self._unusable = asyncio.Event()
             await self._unusable.wait()
 
-    def _skips(self, event: Event) -> bool:
-        """Whether this subscriber acked an earlier copy of ``event`` (SPEC §13)."""
+    def _acked_earlier_copy(self, event: Event) -> bool:
+        """Whether this subscriber, in the snapshot of ``event`` (a redelivered copy),
+        acked an earlier copy of it (SPEC §13): then it is not handed ``event``.
+
+        Caller: every hand-out (``__anext__``, ``_take_queued``) and what resolves the
+        events still queued for it (leaving, a force-fail, the end of the group, the
+        ack timeout). An ack made before the broadcast was counted then
+        (``Group._carry_over``); one made since is counted at the first call, the same
+        way: ``acked``, and one more redelivery skipped. Its bit in ``event.skipped``
+        makes later calls count nothing.
+        """
         bit = self._bit
-        return bit is not None and bool(event.skipped >> bit & 1)
+        if bit is None:
+            return False
+        cell = event.acked_cell
+        assert cell is not None, "a redelivered copy has its id's cell"
+        flag = 1 << bit
+        if not cell[0] & flag:
+            return False
+        if not event.skipped & flag:
+            self._group.skip_at_hand_out(event, self, flag)
+        return True
 
     @property
     def redeliveries_skipped(self) -> int:

@@ -12,6 +12,10 @@ subscriber awaits asyncio.sleep(0) per event). Both upstreams hand control to th
 loop every FETCH events, as a broker client does between fetches. Queues are sized
 to N on both sides (the floor's are unbounded), so no subscriber overflows.
 
+With ``--event-ids`` the ack-mode producer also gives every event an id
+(``get_event_id``), so the group remembers who acked it (redelivery memory): the
+cost of that bookkeeping for a broker whose adapter has ids, as all of ours do.
+
 Prints µs per subscriber delivery (best of --repeat), the ratio to the floor of the
 same S and shape, and the peak traced memory of one extra run per cell. Then
 bytes per outstanding event: N events held outstanding by one subscriber that
@@ -19,6 +23,7 @@ never resolves the first one, at S = 1 and S = 100.
 
     python benchmarks/throughput.py            # the full table
     python benchmarks/throughput.py --quick    # a smaller smoke run
+    python benchmarks/throughput.py --event-ids --no-memory --lanes 1
 """
 
 from __future__ import annotations
@@ -97,6 +102,13 @@ class BenchProducer(SharedStreamProducer):
         self.advanced += len(batch)
 
 
+class IdentifiedBenchProducer(BenchProducer):
+    """Every event has an id (``--event-ids``): the group remembers who acked it."""
+
+    def get_event_id(self, broker_payload: Any) -> int:
+        return broker_payload  # type: ignore[no-any-return]
+
+
 async def _endless(n: int) -> AsyncIterator[int]:
     for i in range(n):
         if i % FETCH == 0:
@@ -123,8 +135,8 @@ async def run_fast(n: int, s: int, interleaved: bool) -> None:
     assert counts == [n] * s
 
 
-async def run_ack(n: int, s: int, interleaved: bool, lanes: int) -> None:
-    producer = BenchProducer(n, lanes)
+async def run_ack(n: int, s: int, interleaved: bool, lanes: int, ids: bool = False) -> None:
+    producer = (IdentifiedBenchProducer if ids else BenchProducer)(n, lanes)
     async with SharedStreamManager(subscriber_queue_size=n) as manager:
         confirm = manager.confirm_persisted
 
@@ -216,6 +228,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lanes", type=int, nargs="+", default=[1, 16, 1024])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--no-memory", action="store_true", help="skip the traced-memory runs")
+    parser.add_argument(
+        "--event-ids", action="store_true", help="ack mode with event ids (redelivery memory)"
+    )
     parser.add_argument("--quick", action="store_true", help="N=5000, S in {1, 20}, repeat 1")
     args = parser.parse_args(argv)
     if args.quick:
@@ -226,7 +241,11 @@ def main(argv: list[str] | None = None) -> None:
         f"{'shape':<12}{'S':>4}{'L':>6}  {'floor µs':>9}  {'fast µs':>8} {'x':>5}"
         f"  {'ack µs':>8} {'x':>5}  {'ack peak MiB':>12}"
     )
-    print(f"N = {n:,} events per cell; µs per subscriber delivery, best of {args.repeat}")
+    ids = args.event_ids
+    print(
+        f"N = {n:,} events per cell; µs per subscriber delivery, best of {args.repeat}"
+        + ("; ack mode with event ids" if ids else "")
+    )
     print(header)
     print("-" * len(header))
     worst = 0.0
@@ -238,16 +257,9 @@ def main(argv: list[str] | None = None) -> None:
             floor = timed(partial(run_floor, n, s, interleaved), args.repeat) / deliveries * 1e6
             fast = timed(partial(run_fast, n, s, interleaved), args.repeat) / deliveries * 1e6
             for lanes in args.lanes:
-                ack = (
-                    timed(partial(run_ack, n, s, interleaved, lanes), args.repeat)
-                    / deliveries
-                    * 1e6
-                )
-                memory = (
-                    "-"
-                    if args.no_memory
-                    else f"{peak_memory(partial(run_ack, n, s, interleaved, lanes)) / 2**20:.1f}"
-                )
+                ack_run = partial(run_ack, n, s, interleaved, lanes, ids)
+                ack = timed(ack_run, args.repeat) / deliveries * 1e6
+                memory = "-" if args.no_memory else f"{peak_memory(ack_run) / 2**20:.1f}"
                 worst = max(worst, ack / floor)
                 by_lanes[(shape, s, lanes)] = ack
                 print(

@@ -73,16 +73,17 @@ async def test_a_copy_everyone_acked_is_advanced_without_being_handed_out(
     identified.feed("y", ("y", 1))
     for sub in (healthy, flaky):
         assert await anext(sub) == "x"
-    for sub in (healthy, flaky):  # moving on acks copy 1 — copy 2 was broadcast before
-        assert await anext(sub) == "x"
+    for sub in (healthy, flaky):
+        # Moving on acks copy 1; copy 2, broadcast before, is passed at its hand-out.
+        assert await anext(sub) == "y"
     identified.feed("x", ("x", 3))
     identified.feed("z", ("z", 1))
     for sub in (healthy, flaky):
-        assert await anext(sub) == "y"
-        assert await anext(sub) == "z"  # copy 3 is skipped for both
+        assert await anext(sub) == "z"  # copy 3 is skipped for both at its broadcast
     await identified.wait_advanced(4)
-    assert outcomes_by_copy(identified)[("x", 3)].acked == 2
-    assert manager.stats()[0].redeliveries_skipped == 2
+    result = outcomes_by_copy(identified)
+    assert result[("x", 2)].acked == result[("x", 3)].acked == 2
+    assert manager.stats()[0].redeliveries_skipped == 4
 
 
 async def test_unconfirmed_outputs_are_not_an_ack(
@@ -95,10 +96,11 @@ async def test_unconfirmed_outputs_are_not_an_ack(
     seq = healthy.bind()
     assert seq is not None
     identified.feed("x", ("x", 2))
-    for sub in (healthy, flaky):
-        assert await anext(sub) == "x"  # healthy's output for copy 1 is unconfirmed
+    identified.feed("y", ("y", 1))
+    assert await anext(healthy) == "x"  # its output for copy 1 is unconfirmed
+    assert await anext(flaky) == "y"  # it acked copy 1 by moving on
     manager.confirm_persisted([seq])
-    assert manager.stats()[0].redeliveries_skipped == 0
+    assert (healthy.redeliveries_skipped, flaky.redeliveries_skipped) == (0, 1)
 
 
 async def test_leaving_with_skipped_copies_queued_does_not_fail_them(
@@ -198,7 +200,8 @@ def test_memory_never_reuses_a_subscriber_bit() -> None:
     for cell in memory.cells(range(10)):
         cell[0] |= 1 << 3
     assert len(memory) == 4  # the oldest forgotten
-    assert memory.cells([9])[0] == [1 << 3] and memory.cells([0])[0] == [0]
+    # [acked bits, copies broadcast]: 9 is remembered, 0 was forgotten
+    assert memory.cells([9])[0] == [1 << 3, 2] and memory.cells([0])[0] == [0, 1]
 
 
 async def test_passing_skipped_copies_makes_room_for_a_blocked_poll(

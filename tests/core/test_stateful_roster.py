@@ -10,6 +10,9 @@ moves past an event unless every declared handler acked or rejected it. Concrete
   acked an earlier copy of the same event id in this group (redelivery, §13): the
   ``acked`` count never exceeds the members that were handed the copy or an earlier
   copy they did not reject or crash on;
+* a member is never handed a copy of an event id it certainly acked in this group
+  (a window closed with every output bound to it confirmed, a batch confirmed):
+  §13 checks at the broadcast and again at the hand-out, on every path;
 * a paused group broadcasts nothing: while a member is missing or force-failed,
   the number of broadcast events does not grow;
 * ``GroupStats.missing`` names at least every member that is not attached.
@@ -135,6 +138,23 @@ class RosterMachine(RuleBasedStateMachine):
         self.paused_broadcasts: int | None = None
         #: Members whose last pull raised (force-failed): a supervisor re-subscribes them.
         self.failed: set[str] = set()
+        # What each member certainly acked (§13: it is never handed a copy of it again).
+        # Kept only while exact: an ack timeout (``clock_advances``) may force-fail a
+        # member or a departed subscription, which fails what they owe, so every ack
+        # still in the making is forgotten then (what is recorded stays: acks stand).
+        #: Per member: event ids it certainly acked in this group.
+        self.acked: dict[str, set[int]] = {name: set() for name in ROSTER}
+        #: Per member: the single copy it is on, whose window closing acks it once
+        #: every output bound to it is confirmed.
+        self.window_ack: dict[str, tuple[int, int]] = {}
+        #: Outputs bound to single copies, by number: ``(member, copy)``.
+        self.bound: dict[int, tuple[str, tuple[int, int]]] = {}
+        #: ``(member, copy)`` -> numbers bound to it not confirmed yet.
+        self.unconfirmed: dict[tuple[str, tuple[int, int]], set[int]] = {}
+        #: ``(member, copy)`` whose window closed: acked once ``unconfirmed`` empties.
+        self.awaiting: set[tuple[str, tuple[int, int]]] = set()
+        #: Held batch numbers whose confirmation acks their copies (not rejected apart).
+        self.batch_ackable: set[int] = set()
         self.violations: list[str] = []
 
     # -- plumbing ------------------------------------------------------------------
@@ -161,6 +181,31 @@ class RosterMachine(RuleBasedStateMachine):
         if current is not None and (name, current) not in self.rejected:
             self.closed_cleanly.setdefault(current, set()).add(name)
         self.on[name] = None
+        copy = self.window_ack.pop(name, None)
+        if copy is not None:
+            if self.unconfirmed.get((name, copy)):
+                self.awaiting.add((name, copy))
+            else:
+                self.acked[name].add(copy[0])
+
+    def drop_window(self, name: str) -> None:
+        """The copy ``name`` is on is resolved otherwise (rejected, crashed on): its
+        outputs no longer count."""
+        copy = self.window_ack.pop(name, None)
+        for seq in self.unconfirmed.pop((name, copy), set()) if copy is not None else ():
+            del self.bound[seq]
+
+    def forget_acks_in_the_making(self) -> None:
+        self.window_ack.clear()
+        self.bound.clear()
+        self.unconfirmed.clear()
+        self.awaiting.clear()
+        self.batch_ackable.clear()
+
+    def check_hand_out(self, name: str, copies: Sequence[tuple[int, int]]) -> None:
+        acked = self.acked[name]
+        again = [copy for copy in copies if copy[0] in acked]
+        assert not again, f"§13: {name} was handed {again}, copies of ids it acked"
 
     # -- checks --------------------------------------------------------------------
 
@@ -292,24 +337,43 @@ class RosterMachine(RuleBasedStateMachine):
             self.failed.add(name)
             return None
         if not isinstance(result, BoundBatch):
+            self.check_hand_out(name, [result])
             self.on[name] = result
+            self.window_ack[name] = result
             self.handed[name].add(result)
             return None
         assert 1 <= len(result.events) <= size, result  # its windows closed at once
+        self.check_hand_out(name, result.events)
         self.handed[name].update(result.events)
         self.held[result.seq] = HeldBatch(name, list(result.events))
+        self.batch_ackable.add(result.seq)
         self.seqs.append(result.seq)
         return result.seq
 
     def confirmed(self, seqs: Sequence[int]) -> None:
         """The model's part of ``confirm_persisted``: a held batch's member may have
-        acked every copy of it not rejected alone."""
+        acked every copy of it not rejected alone (and did, unless an ack timeout may
+        have force-failed it since it took the batch); a single copy's member acked
+        it if this was its last output and its window is closed."""
         for seq in seqs:
             held = self.held.pop(seq, None)
             if held is not None:
+                certain = seq in self.batch_ackable
+                self.batch_ackable.discard(seq)
                 for index, copy in enumerate(held.copies):
                     if index not in held.apart:
                         self.closed_cleanly.setdefault(copy, set()).add(held.name)
+                        if certain:
+                            self.acked[held.name].add(copy[0])
+            found = self.bound.pop(seq, None)
+            if found is not None:
+                pending = self.unconfirmed[found]
+                pending.discard(seq)
+                if not pending:
+                    del self.unconfirmed[found]
+                    if found in self.awaiting:
+                        self.awaiting.discard(found)
+                        self.acked[found[0]].add(found[1][0])
 
     @precondition(lambda self: self.held)
     @rule(
@@ -343,8 +407,10 @@ class RosterMachine(RuleBasedStateMachine):
             held.apart.update(index for index in indexes if 0 <= index < size)
             if len(held.apart) == size:
                 del self.held[seq]
+                self.batch_ackable.discard(seq)
         else:
             del self.held[seq]
+            self.batch_ackable.discard(seq)
         self.run(resolve())
         self.settle()
 
@@ -372,6 +438,10 @@ class RosterMachine(RuleBasedStateMachine):
         seq = self.run(bind())
         if seq is not None:
             self.seqs.append(seq)
+            copy = self.window_ack.get(name)
+            if copy is not None:
+                self.bound[seq] = (name, copy)
+                self.unconfirmed.setdefault((name, copy), set()).add(seq)
 
     @rule(data=st.data())
     def confirm(self, data: st.DataObject) -> None:
@@ -399,6 +469,7 @@ class RosterMachine(RuleBasedStateMachine):
         current = self.on.get(name)
         if current is not None and name not in self.closed_cleanly.get(current, set()):
             self.rejected.add((name, current))
+        self.drop_window(name)
 
         self.run(reject())
         self.settle()
@@ -408,7 +479,9 @@ class RosterMachine(RuleBasedStateMachine):
         sub = self.subs.pop(name, None)
         if sub is None:
             return
-        if not crashed:
+        if crashed:
+            self.drop_window(name)
+        else:
             self.close_window(name)
 
         async def leave() -> None:
@@ -425,10 +498,17 @@ class RosterMachine(RuleBasedStateMachine):
         self.on.pop(name, None)
         if not self.subs:  # the group stopped; the next subscribe starts a new one
             self.paused_broadcasts = None
+            self.forget_acks_in_the_making()  # its outputs can never count any more
+            for acked in self.acked.values():
+                acked.clear()  # a new group remembers nothing
         self.settle()
 
     @rule(seconds=st.sampled_from([1.0] * 9 + [ACK_TIMEOUT]))
     def clock_advances(self, seconds: float) -> None:
+        """Only a step of ``ACK_TIMEOUT`` can make anything fall due (the small steps
+        of a run add up to less)."""
+        if seconds >= ACK_TIMEOUT:
+            self.forget_acks_in_the_making()
         self.clock.advance(seconds)
         self.settle()
 
@@ -478,7 +558,7 @@ class RosterMachine(RuleBasedStateMachine):
         manager.confirm_persisted([seq])
 
     async def confirm_all(self, manager: SharedStreamManager) -> None:
-        self.confirmed(list(self.held))
+        self.confirmed(self.seqs)
         manager.confirm_persisted(self.seqs)  # stale numbers are ignored
 
     def drive(

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from ackgate import AdvanceOutcome, Message, Reject, Retry, Service, reject_shared_stream_event
+from ackgate._calls import _MIN_HELD_MESSAGES
 from ackgate.adapters.memory import MemoryBroker, MemoryStreamProducer
 from ackgate.testing import ScriptedProducer
 
@@ -226,3 +227,43 @@ async def test_a_failure_is_redelivered_to_the_failing_handler_only(
     assert healthy_bodies == [b"%d" % n for n in range(20)]  # each once: no copy for it
     assert stats.handlers["flaky"].failed == 1
     assert stats.handlers["healthy"].redeliveries_skipped == 15  # the copies of 5..19
+
+
+async def test_a_handler_behind_the_redelivery_point_is_not_handed_what_it_acked_since(
+    running: Any, broker: MemoryBroker, memory_producer: Callable[[], MemoryStreamProducer]
+) -> None:
+    """SPEC §13 at hand-out: the healthy handler is on message 10 when the copies of
+    5..99 come. It had acked 5..9 (skipped when the copies come); it acks 10..99 only
+    after, and a copy it reaches once it acked the original is skipped too. Only the
+    copies it pulled while still holding their originals (its read-ahead, at most
+    ``_MIN_HELD_MESSAGES``) are handed to it again."""
+    count = 100
+    for n in range(count):
+        broker.publish("orders", b"%d" % n, key="one key")  # one partition
+    service = Service("orders", producer=memory_producer)
+    healthy_bodies: list[bytes] = []
+    copies_came = asyncio.Event()
+    flaky_bodies: list[bytes] = []
+
+    @service.handler("healthy")
+    async def healthy(message: Message) -> None:
+        healthy_bodies.append(message.body)
+        if message.body == b"10":
+            await copies_came.wait()
+
+    @service.handler("flaky")
+    async def flaky(message: Message) -> None:
+        flaky_bodies.append(message.body)
+        if message.body == b"5":
+            if flaky_bodies.count(b"5") == 1:
+                raise ConnectionError("downstream hiccup")
+            copies_came.set()
+
+    async with running(service):
+        await broker.wait_drained("orders", "svc")
+        stats = service.stats()
+    assert sorted(set(healthy_bodies), key=int) == [b"%d" % n for n in range(count)]
+    duplicates = len(healthy_bodies) - count
+    assert duplicates <= _MIN_HELD_MESSAGES  # old: every copy of 10..99 (90)
+    # Each of the 95 copies was either handed to it or counted as skipped.
+    assert stats.handlers["healthy"].redeliveries_skipped == 95 - duplicates
