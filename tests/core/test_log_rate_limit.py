@@ -4,8 +4,6 @@ template per interval, with a count of what was suppressed."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-
 import pytest
 
 from ackgate._logging import RateLimitFilter, rate_limit_logging
@@ -58,16 +56,13 @@ def test_templates_and_loggers_are_limited_separately() -> None:
 
 
 @pytest.fixture
-def root_handler() -> Iterator[logging.Handler]:
+def root_handler(monkeypatch: pytest.MonkeyPatch) -> logging.Handler:
+    """The root logger's only handler for the test (pytest's own stay unfiltered)."""
     root = logging.getLogger()
     handler = logging.NullHandler()
-    level = root.level
-    root.addHandler(handler)
-    try:
-        yield handler
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(level)
+    monkeypatch.setattr(root, "handlers", [handler])
+    monkeypatch.setattr(root, "level", root.level)
+    return handler
 
 
 def test_rate_limit_logging_filters_the_root_handlers_unless_debug(
