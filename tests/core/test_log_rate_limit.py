@@ -4,6 +4,7 @@ template per interval, with a count of what was suppressed."""
 from __future__ import annotations
 
 import logging
+
 import pytest
 
 from ackgate._logging import RateLimitFilter, rate_limit_logging
