@@ -46,11 +46,16 @@ class PartitionState:
     # Offset of the last hold; repeated holds at the same offset log at DEBUG only, so a
     # group whose subscribers are all force-failed does not flood the log.
     held_at: int | None = None
+    # Set when the coordinator refused a commit because the group rebalanced under this
+    # assignment (after an outage longer than the session): nothing more can be
+    # committed in it, so a revoke has nothing to wait for.
+    refused: bool = False
 
     def drained(self) -> bool:
         """True when everything yielded in this epoch is committed (or can never be)."""
         return (
             not self.owned
+            or self.refused
             or self.yielded_next is None
             or (self.committed_next is not None and self.committed_next >= self.yielded_next)
         )
