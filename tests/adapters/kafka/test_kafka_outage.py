@@ -104,6 +104,18 @@ async def until(predicate: object, seconds: float, what: str) -> float:
     raise AssertionError(f"{what} (waited {seconds:g}s)")
 
 
+def start_service(env: dict[str, str], output: Path) -> subprocess.Popen[bytes]:
+    """``ackgate run outage_service:service``, its log lines going to ``output``."""
+    with output.open("wb") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "ackgate", "run", "outage_service:service"],
+            cwd=HERE,
+            env=env,
+            stdout=err,
+            stderr=subprocess.STDOUT,
+        )
+
+
 async def test_service_rides_out_two_broker_outages(tmp_path: Path) -> None:
     (tmp_path / "broker").mkdir()
     workdir = tmp_path / "work"
@@ -125,14 +137,7 @@ async def test_service_rides_out_two_broker_outages(tmp_path: Path) -> None:
             "OUTAGE_WORKDIR": str(workdir),
             "OUTAGE_WORK_SECONDS": "0.002",
         }
-        with stderr.open("wb") as err:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "ackgate", "run", "outage_service:service"],
-                cwd=HERE,
-                env=env,
-                stdout=err,
-                stderr=subprocess.STDOUT,
-            )
+        process = start_service(env, stderr)
         recoveries = []
         try:
             for number, fraction in enumerate(OUTAGES_AT, start=1):

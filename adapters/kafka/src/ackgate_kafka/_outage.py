@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 log = logging.getLogger("ackgate.adapters.kafka")
@@ -46,7 +47,9 @@ class OutageWatch:
     ``close()`` when the stream ends).
     """
 
-    def __init__(self, consumer: Any, producer: Any, bootstrap_servers: str | list[str]) -> None:
+    def __init__(
+        self, consumer: Any, producer: Any, bootstrap_servers: str | Sequence[str]
+    ) -> None:
         self._consumer = consumer
         self._producer = producer
         servers = (
