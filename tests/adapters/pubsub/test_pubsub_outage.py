@@ -112,25 +112,29 @@ async def test_service_recovers_when_the_pubsub_endpoint_comes_back(
             group = service.stats().group
             return None if group is None else group.upstream_connected
 
+        async def scenario() -> None:
+            await until(lambda: len(bodies) == 2, 30, "the first messages")
+            # Acked before the endpoint goes: the emulator forgets ack ids when it stops.
+            await until(lambda: not producers[0]._leases, 30, "the first messages are not acked")
+
+            await asyncio.to_thread(emulator.stop)
+            await until(lambda: connected() is False, 90, "the outage is not noticed")
+            down = service.stats().group
+            assert down is not None and down.upstream_down_since is not None
+
+            await asyncio.to_thread(emulator.start)
+            await publish(emulator.host, ["after-1", "after-2"])
+            await until(lambda: connected() is True, 90, "no recovery")
+            await until(lambda: len(bodies) == 4, 30, "new messages do not flow")
+            # The group ended on the failed pull and supervision restarted it.
+            assert service.stats().restarts >= 1
+
         running = asyncio.create_task(service.run())
-        await until(lambda: len(bodies) == 2, 30, "the first messages")
-        # Acked before the endpoint goes: the emulator forgets ack ids when it stops.
-        await until(lambda: not producers[0]._leases, 30, "the first messages are not acked")
-
-        await asyncio.to_thread(emulator.stop)
-        await until(lambda: connected() is False, 90, "the outage is not noticed")
-        down = service.stats().group
-        assert down is not None and down.upstream_down_since is not None
-
-        await asyncio.to_thread(emulator.start)
-        await publish(emulator.host, ["after-1", "after-2"])
-        await until(lambda: connected() is True, 90, "no recovery")
-        await until(lambda: len(bodies) == 4, 30, "new messages do not flow")
-        # The group ended on the failed pull and supervision restarted it.
-        assert service.stats().restarts >= 1
-
-        await service.stop()
-        await running
+        try:
+            await scenario()
+        finally:
+            await service.stop(timeout=5)
+            await running
     finally:
         await asyncio.to_thread(emulator.stop)
 

@@ -113,27 +113,31 @@ async def test_service_recovers_when_the_sqs_endpoint_comes_back(
             group = service.stats().group
             return None if group is None else group.upstream_connected
 
+        async def scenario() -> None:
+            await until(lambda: len(bodies) == 2, 30, "the first messages")
+            # Deleted before the endpoint goes: moto forgets receipt handles when it stops.
+            deadline = time.monotonic() + 30
+            while await in_flight(moto.endpoint, url):
+                assert time.monotonic() < deadline, "the first messages are not deleted"
+                await asyncio.sleep(0.05)
+
+            await asyncio.to_thread(moto.stop)
+            await until(lambda: connected() is False, 60, "the outage is not noticed")
+            down = service.stats().group
+            assert down is not None and down.upstream_down_since is not None
+
+            await asyncio.to_thread(moto.start)
+            assert await send(moto.endpoint, ["after-1", "after-2"]) == url
+            await until(lambda: connected() is True, 60, "no recovery")
+            await until(lambda: len(bodies) == 4, 30, "new messages do not flow")
+            assert service.stats().restarts == 0  # the same group rode it out
+
         running = asyncio.create_task(service.run())
-        await until(lambda: len(bodies) == 2, 30, "the first messages")
-        # Deleted before the endpoint goes: moto forgets receipt handles when it stops.
-        deadline = time.monotonic() + 30
-        while await in_flight(moto.endpoint, url):
-            assert time.monotonic() < deadline, "the first messages are not deleted"
-            await asyncio.sleep(0.05)
-
-        await asyncio.to_thread(moto.stop)
-        await until(lambda: connected() is False, 60, "the outage is not noticed")
-        down = service.stats().group
-        assert down is not None and down.upstream_down_since is not None
-
-        await asyncio.to_thread(moto.start)
-        assert await send(moto.endpoint, ["after-1", "after-2"]) == url
-        await until(lambda: connected() is True, 60, "no recovery")
-        await until(lambda: len(bodies) == 4, 30, "new messages do not flow")
-        assert service.stats().restarts == 0  # the same group rode it out
-
-        await service.stop()
-        await running
+        try:
+            await scenario()
+        finally:
+            await service.stop(timeout=5)
+            await running
     finally:
         await asyncio.to_thread(moto.stop)
 
