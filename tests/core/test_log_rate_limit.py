@@ -4,6 +4,7 @@ template per interval, with a count of what was suppressed."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import pytest
 
@@ -57,13 +58,20 @@ def test_templates_and_loggers_are_limited_separately() -> None:
 
 
 @pytest.fixture
-def root_handler(monkeypatch: pytest.MonkeyPatch) -> logging.Handler:
-    """The root logger's only handler for the test (pytest's own stay unfiltered)."""
+def root_handler(monkeypatch: pytest.MonkeyPatch) -> Iterator[logging.Handler]:
+    """A handler on the root logger; every limiter the test adds is taken off again
+    (pytest's capture handlers are on the root logger too)."""
     root = logging.getLogger()
     handler = logging.NullHandler()
-    monkeypatch.setattr(root, "handlers", [handler])
     monkeypatch.setattr(root, "level", root.level)
-    return handler
+    root.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        root.removeHandler(handler)
+        for each in root.handlers:
+            for limiter in [f for f in each.filters if isinstance(f, RateLimitFilter)]:
+                each.removeFilter(limiter)
 
 
 def test_rate_limit_logging_filters_the_root_handlers_unless_debug(
