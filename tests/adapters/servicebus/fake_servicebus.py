@@ -117,7 +117,7 @@ class FakeServiceBus:
     seconds every lock renewal (message or session) spends on the way to the broker,
     which then checks and renews the lock; ``max_renewals_in_flight`` is the most
     renewals ever under way at once. ``unreachable``, while set, is raised by every
-    receive: the namespace cannot be reached (an outage).
+    receive once its wait is over: the namespace cannot be reached (an outage).
     """
 
     def __init__(
@@ -375,6 +375,8 @@ class FakeReceiver:
     ) -> list[FakeReceivedMessage]:
         self.check_live()
         if self.bus.unreachable is not None:
+            # After the wait, as the SDK raises only once its own retries are spent.
+            await asyncio.sleep(max_wait_time or self.max_wait_time or 60.0)
             raise self.bus.unreachable
         if self.entity.requires_session != (self.session is not None):
             raise ServiceBusError(f"session receiver mismatch on {self.entity.name}")
