@@ -4,10 +4,11 @@
 :class:`MessageProducer` wraps the user's producer. Its stream yields
 ``(producer.to_message(raw, payload), payload)``, so every handler receives the same
 ``Message`` object, and everything else is the inner producer's: ``advance``,
-``get_advance_lane``, ``get_event_id`` and ``aclose`` are delegated unchanged
-(``advance`` counted once it returned). :class:`BatchMessageProducer` does the same
-for a producer that yields :class:`~ackgate.EventBatch` es, one ``to_messages`` call
-per batch. :class:`Converting` is the factory that makes them, once per group life.
+``get_advance_lane``, ``get_event_id``, ``aclose`` and the connection reports
+(``upstream_lost`` / ``upstream_back``) are the inner producer's (``advance``
+counted once it returned). :class:`BatchMessageProducer` does the same for a
+producer that yields :class:`~ackgate.EventBatch` es, one ``to_messages`` call per
+batch. :class:`Converting` is the factory that makes them, once per group life.
 
 A conversion error ends the group loudly (``StreamTerminated``, the error as
 ``__cause__``) rather than rejecting the one message: ``to_message`` failing is an
@@ -26,6 +27,7 @@ from typing import Any
 from ackgate._message import Message
 from ackgate._outcome import AdvanceItem, EventBatch
 from ackgate._producer import SharedStreamProducer
+from ackgate._upstream import Upstream
 
 
 class MessageProducer(SharedStreamProducer):
@@ -71,6 +73,10 @@ class MessageProducer(SharedStreamProducer):
 
     def get_event_id(self, broker_payload: Any) -> Hashable | None:
         return self._inner.get_event_id(broker_payload)
+
+    def _watch_upstream(self, upstream: Upstream | None) -> None:
+        # The inner producer is the one that reports its connection.
+        self._inner._watch_upstream(upstream)
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """The inner producer's ``advance``; raising or cancellation as there."""

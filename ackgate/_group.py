@@ -34,6 +34,7 @@ from ackgate._outcome import EventBatch
 from ackgate._producer import SharedStreamProducer
 from ackgate._redelivery import RedeliveryMemory
 from ackgate._tracker import Lane, LaneTracker
+from ackgate._upstream import Upstream
 
 if TYPE_CHECKING:
     from ackgate._subscription import Subscription
@@ -72,8 +73,12 @@ class Group:
         bindings: OutputRegistry,
         release: Callable[[Group], None],
         roster: tuple[Hashable, ...] | None = None,
+        upstream: Upstream | None = None,
     ) -> None:
         self.key = key
+        #: The broker connection as the producer reports it; an earlier group's of
+        #: the same key if that one ended while its upstream was down.
+        self.upstream = Upstream(key) if upstream is None else upstream
         #: The declared subscriber ids (§7), in the order first given; ``None``: dynamic.
         self.roster = roster
         self.ack_mode = ack_mode
@@ -550,6 +555,7 @@ class Group:
                 f"producer() must return a SharedStreamProducer, got {type(made).__name__}"
             )
         self._producer = made
+        made._watch_upstream(self.upstream)
         if type(made).get_event_id is not SharedStreamProducer.get_event_id:
             self._get_event_id = made.get_event_id
         self.tracker.start(made)
@@ -867,4 +873,6 @@ class Group:
                     await self._producer.aclose()
                 except Exception:
                     logger.warning("producer aclose() failed key=%r", self.key, exc_info=True)
+                # A closed producer's reports would reach the key's next group.
+                self._producer._watch_upstream(None)
             logger.info("Shared stream group stopped key=%r reason=%s", self.key, reason)

@@ -18,6 +18,7 @@ from ackgate._producer import SharedStreamProducer
 from ackgate._runner import Handler, Sink, drive
 from ackgate._stats import GroupStats
 from ackgate._subscription import Subscription, _check_reason
+from ackgate._upstream import Upstream
 
 
 def _check_number(name: str, value: object, *, minimum: float, inclusive: bool) -> float:
@@ -89,6 +90,10 @@ class SharedStreamManager:
             max_outstanding=_check_int("max_outstanding", max_outstanding, minimum=1),
         )
         self._groups: dict[Hashable, Group] = {}
+        #: Upstreams of ended groups that were down when their group ended, by key:
+        #: the next group of the key carries on the same outage, so a restart in the
+        #: middle of one logs neither a second WARNING nor a spurious INFO.
+        self._down_upstreams: dict[Hashable, Upstream] = {}
         self._stopping: set[Group] = set()
         self._bindings = OutputRegistry()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -142,6 +147,7 @@ class SharedStreamManager:
                 bindings=self._bindings,
                 release=self._release,
                 roster=members,
+                upstream=self._down_upstreams.pop(key, None),
             )
             self._groups[key] = group
         elif group.ack_mode != ack_mode:
@@ -174,6 +180,8 @@ class SharedStreamManager:
         """Caller: a group that ended. Frees its key at once."""
         if self._groups.get(group.key) is group:
             del self._groups[group.key]
+        if not group.upstream.connected:
+            self._down_upstreams[group.key] = group.upstream
         assert group.stop_task is not None
         self._stopping.add(group)
         group.stop_task.add_done_callback(lambda _: self._stopping.discard(group))
@@ -302,6 +310,8 @@ class SharedStreamManager:
                     paused=group.paused,
                     missing=group.missing(),
                     redeliveries_skipped=group.redeliveries_skipped,
+                    upstream_connected=group.upstream.connected,
+                    upstream_down_since=group.upstream.down_since,
                 )
             )
         return result

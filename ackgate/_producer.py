@@ -8,6 +8,7 @@ from typing import Any
 
 from ackgate._message import Message
 from ackgate._outcome import AdvanceItem, EventBatch
+from ackgate._upstream import Upstream
 
 
 class SharedStreamProducer(ABC):
@@ -39,7 +40,15 @@ class SharedStreamProducer(ABC):
     :meth:`open_stream_batches` is optional too: a producer whose broker fetches
     many events at once (Kafka) yields them as one :class:`~ackgate.EventBatch`,
     and the group then takes them in one step instead of one per event.
+
+    **Outages.** A producer that rides out a lost connection (retrying its receive
+    instead of raising) says so with :meth:`upstream_lost` and :meth:`upstream_back`;
+    the group logs the outage once and shows it in ``GroupStats.upstream_connected``.
     """
+
+    #: The connection state of the group reading this producer; set by the group
+    #: (:meth:`_watch_upstream`) while it reads it, ``None`` otherwise.
+    _upstream: Upstream | None = None
 
     @abstractmethod
     def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
@@ -168,6 +177,41 @@ class SharedStreamProducer(ABC):
         producer that returns ``None``: giving up must never drop a message.
         """
         return None
+
+    def upstream_lost(self, address: str, cause: BaseException | str) -> None:
+        """Report that the broker at ``address`` cannot be reached, because of ``cause``.
+
+        Call it from the event loop's thread when a receive (or commit) fails in a
+        way the producer rides out, retrying instead of raising. The first report of
+        an outage logs one WARNING on ``ackgate.upstream`` naming ``key``,
+        ``address`` and ``cause`` (an exception is shown as its type and message),
+        and sets ``GroupStats.upstream_connected`` to ``False`` and
+        ``upstream_down_since`` to the wall-clock time (``time.time()``); further
+        reports until :meth:`upstream_back` change nothing, so calling it on every
+        failed retry is fine. ``address`` is what an operator recognises (host and
+        port, a queue URL, a namespace), never a credential. A no-op while no group
+        reads the producer.
+        """
+        upstream = self._upstream
+        if upstream is not None:
+            upstream.lost(address, cause)
+
+    def upstream_back(self) -> None:
+        """Report that the broker answers again (a receive or a commit succeeded).
+
+        Logs one INFO on ``ackgate.upstream`` with how long it was down and sets
+        ``GroupStats.upstream_connected`` back to ``True``, if the upstream was
+        reported lost; otherwise does nothing, so it may be called after every
+        successful receive. Same thread rule as :meth:`upstream_lost`.
+        """
+        upstream = self._upstream
+        if upstream is not None:
+            upstream.back()
+
+    def _watch_upstream(self, upstream: Upstream | None) -> None:
+        """Caller: the group, when it starts reading this producer (and ``None`` once
+        it closed it). A wrapping producer forwards it to the producer it wraps."""
+        self._upstream = upstream
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, empty by design
         """Release the broker connection. Best-effort.

@@ -27,6 +27,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ackgate._logging import rate_limit_logging
 from ackgate._service import Service
 
 logger = logging.getLogger("ackgate.run")
@@ -115,6 +116,7 @@ def run_command(opts: argparse.Namespace) -> int:
     logging.basicConfig(
         level=opts.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    rate_limit_logging()
     try:
         services = load_services(opts.targets)
     except BadTarget as error:

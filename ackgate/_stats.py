@@ -35,6 +35,13 @@ class GroupStats:
         redeliveries_skipped: Deliveries saved (SPEC §13): redelivered copies
             counted acked at once for subscribers that had acked an earlier copy,
             instead of handed to them again.
+        upstream_connected: ``False`` while the producer reports its broker
+            unreachable (``SharedStreamProducer.upstream_lost``) and has not
+            reported it back yet. Nothing is advanced meanwhile. Always ``True``
+            for a producer that never reports (and on the fast path).
+        upstream_down_since: Wall-clock time (``time.time()``, seconds since the
+            epoch) the current outage was first reported; ``None`` while connected.
+            It survives a restart of the group in the middle of the outage.
     """
 
     key: Hashable
@@ -49,3 +56,5 @@ class GroupStats:
     paused: bool = False
     missing: tuple[Hashable, ...] = ()
     redeliveries_skipped: int = 0
+    upstream_connected: bool = True
+    upstream_down_since: float | None = None

@@ -203,6 +203,8 @@ class LocalKafkaBroker:
 
     ``with LocalKafkaBroker(workdir) as broker:`` starts it and waits until it answers a
     metadata request; leaving the block stops it (SIGTERM, then SIGKILL after 30 s).
+    :meth:`kill` then :meth:`start` restarts it on the same storage and ports, with the
+    topics, records and committed offsets it had.
     """
 
     start_timeout = 120.0
@@ -214,6 +216,8 @@ class LocalKafkaBroker:
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.log = workdir / "broker.log"
         self.process: subprocess.Popen[bytes] | None = None
+        #: Set once the storage is formatted: a later :meth:`start` reuses it.
+        self._formatted = False
 
     def __enter__(self) -> LocalKafkaBroker:
         self.start()
@@ -226,21 +230,24 @@ class LocalKafkaBroker:
         return log_tail(self.log, lines)
 
     def start(self) -> None:
+        """Format the storage (first start only) and start the broker; wait until it answers."""
         classpath = f"{kafka_libs()}/*"
         config = self._write_config()
-        cluster_id = "-"
-        while cluster_id.startswith("-"):  # the tool's parser takes "-..." for an option
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-        storage = ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)]
-        with self.log.open("ab") as out:
-            formatted = subprocess.run(
-                ["java", *self.java_opts, "-cp", classpath, *storage],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                timeout=120,
-            )
-        if formatted.returncode != 0:
-            raise ServerDidNotStart(f"Kafka storage format failed:\n{self.log_tail()}")
+        if not self._formatted:
+            cluster_id = "-"
+            while cluster_id.startswith("-"):  # the tool's parser takes "-..." for an option
+                cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+            storage = ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)]
+            with self.log.open("ab") as out:
+                formatted = subprocess.run(
+                    ["java", *self.java_opts, "-cp", classpath, *storage],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    timeout=120,
+                )
+            if formatted.returncode != 0:
+                raise ServerDidNotStart(f"Kafka storage format failed:\n{self.log_tail()}")
+            self._formatted = True
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
                 ["java", *self.java_opts, "-cp", classpath, "kafka.Kafka", str(config)],
@@ -257,6 +264,14 @@ class LocalKafkaBroker:
         except BaseException:
             self.stop()
             raise
+
+    def kill(self) -> None:
+        """SIGKILL the broker: a crash, no clean shutdown. Its storage and ports stay,
+        so :meth:`start` brings the same broker back (an outage, as clients see it)."""
+        process, self.process = self.process, None
+        if process is not None:
+            process.kill()
+            process.wait(timeout=30)
 
     def _exited(self) -> str | None:
         assert self.process is not None

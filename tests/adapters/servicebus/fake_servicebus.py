@@ -116,7 +116,8 @@ class FakeServiceBus:
     renewals / settlements before the broker is touched. ``renew_delay`` is the
     seconds every lock renewal (message or session) spends on the way to the broker,
     which then checks and renews the lock; ``max_renewals_in_flight`` is the most
-    renewals ever under way at once.
+    renewals ever under way at once. ``unreachable``, while set, is raised by every
+    receive once its wait is over: the namespace cannot be reached (an outage).
     """
 
     def __init__(
@@ -135,6 +136,7 @@ class FakeServiceBus:
         self.log: list[tuple[str, Any]] = []
         self.renew_faults: list[Exception] = []
         self.settle_faults: list[Exception] = []
+        self.unreachable: Exception | None = None
         self.renew_delay = renew_delay
         self.renewals_in_flight = 0
         self.max_renewals_in_flight = 0
@@ -372,6 +374,10 @@ class FakeReceiver:
         self, max_message_count: int | None = 1, max_wait_time: float | None = None
     ) -> list[FakeReceivedMessage]:
         self.check_live()
+        if self.bus.unreachable is not None:
+            # After the wait, as the SDK raises only once its own retries are spent.
+            await asyncio.sleep(max_wait_time or self.max_wait_time or 60.0)
+            raise self.bus.unreachable
         if self.entity.requires_session != (self.session is not None):
             raise ServiceBusError(f"session receiver mismatch on {self.entity.name}")
         if self.session is not None:

@@ -74,6 +74,10 @@ class PartitionState:
     # one before is committed (``_chunks``), so a crash loop counts up only the offset
     # it dies on. Invariant: a subset of ``counts``, all >= ``committed_next``.
     careful: set[int] = field(default_factory=set)
+    # Set when the coordinator refused a commit because the group rebalanced under this
+    # assignment (after an outage longer than the session): nothing more can be
+    # committed in it, so a revoke has nothing to wait for.
+    refused: bool = False
 
     def count_deliveries(self, records: Sequence[Any]) -> tuple[list[int], bool]:
         """Count one more delivery of each record (in offset order); return their attempt
@@ -135,6 +139,7 @@ class PartitionState:
         """True when everything yielded in this epoch is committed (or can never be)."""
         return (
             not self.owned
+            or self.refused
             or self.yielded_next is None
             or (self.committed_next is not None and self.committed_next >= self.yielded_next)
         )

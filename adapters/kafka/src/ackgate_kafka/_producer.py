@@ -116,6 +116,7 @@ from ackgate_kafka._dead_letter import SHARED_CONNECTION_OPTIONS, dead_letter_he
 from ackgate_kafka._membership import MembershipKeeper
 from ackgate_kafka._message import check_value, wrap, wrap_all
 from ackgate_kafka._offset_map import OffsetRuns, decode, encode
+from ackgate_kafka._outage import OutageWatch
 from ackgate_kafka._partitions import Delivery, PartitionState
 
 log = logging.getLogger("ackgate.adapters.kafka")
@@ -378,6 +379,7 @@ class KafkaStreamProducer(SharedStreamProducer):
         except aiokafka.errors.KafkaError as exc:
             raise self._translate(exc, "could not join the consumer group") from exc
         log.info("Kafka consumer started group=%s topics=%s", self._group_id, self._topics)
+        self.upstream_back()  # joined: the cluster answers (a no-op unless it was lost)
         keeper = self._keeper = MembershipKeeper(
             self._consumer,
             aiokafka.errors,
@@ -385,6 +387,8 @@ class KafkaStreamProducer(SharedStreamProducer):
             self._group_id,
         )
         keeper.start()
+        watch = OutageWatch(self._consumer, self, self._bootstrap_servers)
+        watch.start()
         try:
             while True:
                 try:
@@ -415,6 +419,7 @@ class KafkaStreamProducer(SharedStreamProducer):
                     if records and part.epoch == epoch and not part.draining:
                         yield tp, part, epoch, records
         finally:
+            await watch.close()
             await keeper.close()
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
@@ -499,13 +504,15 @@ class KafkaStreamProducer(SharedStreamProducer):
                 # (or were, and their copies resolved before them): commit past them too.
                 commit_to = part.finished.take_from(commit_to)
             target = hold_at if hold_at is not None else commit_to
+            if part.refused:
+                return
             if target is not None and (part.committed_next is None or target > part.committed_next):
                 await self._commit(tp, part, target)
             elif finished and part.committed_next is not None:
                 # The commit is held: a metadata-only commit keeps the map current, so
                 # a restart does not replay what was finished meanwhile.
                 await self._commit(tp, part, part.committed_next)
-            if hold_at is not None:
+            if hold_at is not None and not part.refused:
                 self._hold(tp, part, hold_at)
         self._progress.set()
 
@@ -598,6 +605,7 @@ class KafkaStreamProducer(SharedStreamProducer):
             part.map_loaded = False
             part.announce = True
             part.finished = OffsetRuns()
+            part.refused = False
         else:
             return part
         log.info("Partition assigned %s-%d group=%s", tp.topic, tp.partition, self._group_id)
@@ -665,6 +673,21 @@ class KafkaStreamProducer(SharedStreamProducer):
         )
         try:
             await self._consumer.commit({tp: (offset, metadata)})
+        except self._errors.CommitFailedError:
+            # The group rebalanced under this assignment (an outage outlasted the
+            # session): aiokafka rejoins, the revoke ends this assignment, and the
+            # partition's owner (maybe this consumer again) reads from the last
+            # committed offset. Nothing is skipped: deliveries of this epoch are stale.
+            part.refused = True
+            log.info(
+                "Kafka commit refused group=%s %s-%d offset=%d: the group rebalanced "
+                "meanwhile; the partition is read again from its last committed offset",
+                self._group_id,
+                tp.topic,
+                tp.partition,
+                offset,
+            )
+            return
         except self._errors.KafkaError as exc:
             log.error(
                 "Kafka commit failed group=%s %s-%d offset=%d (last committed %s): %r",

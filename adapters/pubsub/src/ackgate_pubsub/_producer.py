@@ -91,6 +91,14 @@ else:
 
 logger = getLogger("ackgate.adapters.pubsub")
 
+#: Causes of a failed pull that mean the service could not be reached (or failed on
+#: its side), as opposed to a wrong request.
+_UNREACHABLE: tuple[type[BaseException], ...] = (
+    ()
+    if _SDK_MISSING is not None
+    else (gexc.ServiceUnavailable, gexc.InternalServerError, gexc.Unknown, gexc.RetryError)
+)
+
 # Pull responses may exceed gRPC's 4 MiB default; the SDK lifts the limit the same way.
 _NO_SIZE_LIMIT = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 
@@ -191,7 +199,11 @@ class PubSubStreamProducer(SharedStreamProducer):
         """Connect, then long-poll the subscription forever.
 
         Raises :class:`PubSubError` when a pull fails (after the SDK's own retries) or
-        a background send failed. Cancellation: the pull in flight is dropped (what
+        a background send failed. A pull that could not reach the service
+        (``UNAVAILABLE``, ``INTERNAL``, ``UNKNOWN``, or the SDK's retries running out
+        on those) is reported with ``upstream_lost`` first, and the first pull that
+        answers reports it back: the outage is logged once, however many restarts
+        of the group it takes. Cancellation: the pull in flight is dropped (what
         the server put in it returns after the subscription's ack deadline); messages
         already pulled stay leased until :meth:`aclose` nacks them.
         """
@@ -204,7 +216,14 @@ class PubSubStreamProducer(SharedStreamProducer):
                 await self._room.wait()
             self._raise_if_broken()
             room = self._max_outstanding - len(self._leases)
-            received = await self._pull(subscriber, min(self._max_messages, room))
+            try:
+                received = await self._pull(subscriber, min(self._max_messages, room))
+            except PubSubError as exc:
+                if isinstance(exc.__cause__, _UNREACHABLE):
+                    # Said once per outage, even across the restarts that follow.
+                    self.upstream_lost(self._address(), exc.__cause__)
+                raise
+            self.upstream_back()
             for message in await self._lease_on_receipt(received):
                 if not message.delivery_attempt:  # no dead-letter policy: count ourselves
                     self._deliveries.add(message.message.message_id)
@@ -323,6 +342,16 @@ class PubSubStreamProducer(SharedStreamProducer):
             self._extend_leases(), name=f"ackgate pubsub leases {self._subscription}"
         )
         self._lease_task.add_done_callback(self._lease_task_done)
+
+    def _address(self) -> str:
+        """Where the subscription is read from, for the outage log line."""
+        options = self._client_options
+        endpoint = os.environ.get("PUBSUB_EMULATOR_HOST") or (
+            getattr(options, "api_endpoint", None)
+            or (options.get("api_endpoint") if isinstance(options, dict) else None)
+            or "pubsub.googleapis.com"
+        )
+        return f"{endpoint} {self._subscription}"
 
     def _client(self, client: Any, transport: Any) -> Any:
         emulator = os.environ.get("PUBSUB_EMULATOR_HOST")

@@ -104,6 +104,8 @@ def _import_sdk() -> SimpleNamespace:
         from azure.servicebus.exceptions import (
             MessageAlreadySettled,
             OperationTimeoutError,
+            ServiceBusCommunicationError,
+            ServiceBusConnectionError,
             ServiceBusError,
             SessionCannotBeLockedError,
         )
@@ -119,6 +121,8 @@ def _import_sdk() -> SimpleNamespace:
         # MessageAlreadySettled is a ValueError in the SDK.
         settlement_errors=(ServiceBusError, MessageAlreadySettled),
         no_session_errors=(OperationTimeoutError, SessionCannotBeLockedError),
+        # The namespace cannot be reached: an outage, not a wrong request.
+        unreachable_errors=(ServiceBusConnectionError, ServiceBusCommunicationError),
     )
 
 
@@ -253,6 +257,14 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         self._receiver: Any = None
         self._locks = LockKeeper(self._lock_renewal_margin, sessionful=self._sessionful)
 
+    def _address(self) -> str:
+        """The namespace and entity, for the outage log line (never a credential)."""
+        if self._connection_string is not None:
+            namespace = _endpoint_host(self._connection_string)
+        else:
+            namespace = self._namespace or "<client_factory>"
+        return f"{namespace} {self._entity}"
+
     def __repr__(self) -> str:
         if self._connection_string is not None:
             namespace = _endpoint_host(self._connection_string)
@@ -269,8 +281,11 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         Opens the client here (closed in :meth:`aclose`, never in this generator)
         and starts the lock renewal loop. Raises when a receive fails, except that
         with :data:`NEXT_AVAILABLE_SESSION` "no session available" is waited out,
-        and when a session lock was lost. Cancellation arrives at the receive or a
-        ``yield``; messages already received stay held and are abandoned in
+        and when a session lock was lost. A receive that cannot reach the namespace
+        (``ServiceBusConnectionError``, ``ServiceBusCommunicationError``, after the
+        SDK's own retries) is reported with ``upstream_lost`` before it ends the
+        group; the first receive that answers reports it back. Cancellation arrives
+        at the receive or a ``yield``; messages already received stay held and are abandoned in
         :meth:`aclose`.
         """
         sdk = self._sdk = _import_sdk()
@@ -291,6 +306,11 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                 _log.debug("No Service Bus session available on %s; retrying", self._entity)
                 await self._close_receiver()
                 continue
+            except sdk.unreachable_errors as exc:
+                # Said once per outage, even across the restarts of the group that follow.
+                self.upstream_lost(self._address(), exc)
+                raise
+            self.upstream_back()
             self._locks.check()
             if not messages:
                 if self._next_available and not self._holds(receiver):

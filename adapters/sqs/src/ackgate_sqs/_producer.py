@@ -64,6 +64,16 @@ call are retried, then logged on ``ackgate.adapters.sqs`` with the message ids; 
 expired receipt handle is logged, never fatal (SQS redelivers the message). Errors
 of a whole call propagate: from polling they end the group, from ``advance`` they
 end it with ``AdvanceFailed``. Message bodies are never logged.
+
+Outages: a receive that cannot reach SQS does not end the group. The first failure
+is reported (``upstream_lost``: one WARNING on ``ackgate.upstream`` naming the queue
+URL and the error, ``GroupStats.upstream_connected`` false), the receive is retried
+after 1 s, doubling to 30 s, and the first that succeeds reports the queue back
+(one INFO). Messages received before the outage stay held (the heartbeat keeps
+trying, quietly); one whose visibility lapses meanwhile is redelivered. A delete
+or release that cannot reach SQS is not retried and does not end the group: it is
+logged at INFO with the message ids, and SQS redelivers those messages once their
+visibility lapses (a duplicate, never a loss).
 """
 
 from __future__ import annotations
@@ -80,6 +90,24 @@ from ackgate_sqs._dead_letter import dead_letter
 from ackgate_sqs._message import Receipt, to_message
 
 logger = logging.getLogger("ackgate.adapters.sqs")
+
+#: Seconds before the first retry of a receive that could not reach SQS; doubled per
+#: failed retry up to the maximum.
+_RETRY_BACKOFF = 1.0
+_MAX_RETRY_BACKOFF = 30.0
+
+
+def _unreachable(error: BaseException) -> bool:
+    """An error that says SQS could not be reached (or failed on its side), not that
+    the request was wrong: an outage to ride out rather than a reason to stop."""
+    from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
+
+    if isinstance(error, ConnectionError | HTTPClientError | OSError | TimeoutError):
+        return True
+    if isinstance(error, ClientError):
+        status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return isinstance(status, int) and status >= 500
+    return False
 
 
 class SqsStreamProducer(SharedStreamProducer):
@@ -150,15 +178,32 @@ class SqsStreamProducer(SharedStreamProducer):
     async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
         """Long-poll the queue forever, yielding ``(message, receipt)``.
 
-        A receive error propagates and ends the group. Cancellation does not
+        A receive that cannot reach SQS (a connection error, a timeout, an HTTP 5xx,
+        after botocore's own retries) is reported with ``upstream_lost`` and retried
+        after a backoff (1 s doubling to 30 s) until one succeeds (``upstream_back``):
+        the group stays up through an outage. Any other receive error propagates
+        and ends the group. Cancellation does not
         cancel a long poll in flight: :meth:`aclose` awaits it and releases
         whatever it received.
         """
         await self._connect()
         self._heartbeat = asyncio.create_task(self._keep_invisible(), name="ackgate-sqs-heartbeat")
+        backoff = _RETRY_BACKOFF
         while True:
             self._receiving = asyncio.create_task(self._receive(), name="ackgate-sqs-receive")
-            for pair in await asyncio.shield(self._receiving):
+            try:
+                received = await asyncio.shield(self._receiving)
+            except Exception as exc:
+                if not _unreachable(exc):
+                    raise
+                # An outage: said once (the core logs it), retried until SQS answers.
+                self.upstream_lost(self._queue_url, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _MAX_RETRY_BACKOFF)
+                continue
+            backoff = _RETRY_BACKOFF
+            self.upstream_back()
+            for pair in received:
                 yield pair
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
@@ -270,10 +315,13 @@ class SqsStreamProducer(SharedStreamProducer):
             try:
                 for chunk in chunks(due):
                     await self._extend(chunk)
-            except Exception:
+            except Exception as exc:
                 # A failed call must not stop the heartbeat; the next tick retries,
                 # and at worst the message is redelivered (a duplicate, no loss).
-                logger.warning("SQS visibility heartbeat call failed", exc_info=True)
+                if _unreachable(exc):
+                    self.upstream_lost(self._queue_url, exc)  # once per outage
+                else:
+                    logger.warning("SQS visibility heartbeat call failed", exc_info=True)
 
     async def _extend(self, chunk: Sequence[Receipt]) -> None:
         async with self._visibility_lock:
@@ -303,12 +351,17 @@ class SqsStreamProducer(SharedStreamProducer):
 
     async def _delete(self, receipts: Sequence[Receipt]) -> None:
         for chunk in chunks(receipts):
-            failures = await submit(
-                self._client.delete_message_batch,
-                self._queue_url,
-                chunk,
-                lambda r: {"ReceiptHandle": r.handle},
-            )
+            try:
+                failures = await submit(
+                    self._client.delete_message_batch,
+                    self._queue_url,
+                    chunk,
+                    lambda r: {"ReceiptHandle": r.handle},
+                )
+            except Exception as exc:
+                if not self._unreachable_while(exc, "delete", receipts):
+                    raise
+                return
             if failures:
                 logger.warning(
                     "SQS delete failed for message ids %s; SQS will redeliver them",
@@ -317,16 +370,37 @@ class SqsStreamProducer(SharedStreamProducer):
 
     async def _release(self, receipts: Sequence[Receipt]) -> None:
         for chunk in chunks(receipts):
-            async with self._visibility_lock:
-                failures = await submit(
-                    self._client.change_message_visibility_batch,
-                    self._queue_url,
-                    chunk,
-                    lambda r: {"ReceiptHandle": r.handle, "VisibilityTimeout": 0},
-                )
+            try:
+                async with self._visibility_lock:
+                    failures = await submit(
+                        self._client.change_message_visibility_batch,
+                        self._queue_url,
+                        chunk,
+                        lambda r: {"ReceiptHandle": r.handle, "VisibilityTimeout": 0},
+                    )
+            except Exception as exc:
+                if not self._unreachable_while(exc, "release", receipts):
+                    raise
+                return
             if failures:
                 logger.warning(
                     "SQS could not make message ids %s visible; "
                     "they return once their visibility timeout lapses",
                     failed_ids(failures),
                 )
+
+    def _unreachable_while(self, error: Exception, what: str, receipts: Sequence[Receipt]) -> bool:
+        """A delete or release that could not reach SQS is not retried: its messages
+        are no longer kept invisible, so SQS redelivers them once their visibility
+        lapses (a duplicate, never a loss), and the group stays up. Returns False for
+        any other error, which the caller raises."""
+        if not _unreachable(error):
+            return False
+        self.upstream_lost(self._queue_url, error)
+        logger.info(
+            "SQS %s of message ids %s could not reach SQS; they are redelivered once "
+            "their visibility timeout lapses",
+            what,
+            [r.message_id for r in receipts],
+        )
+        return True
