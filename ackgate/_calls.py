@@ -17,7 +17,7 @@ import asyncio
 import contextvars
 import logging
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ackgate._handlers import HandlerCounters, HandlerSpec
@@ -76,9 +76,16 @@ class Calls:
     """
 
     def __init__(
-        self, spec: HandlerSpec, manager: SharedStreamManager, counters: HandlerCounters
+        self,
+        spec: HandlerSpec,
+        manager: SharedStreamManager,
+        counters: HandlerCounters,
+        invoke: Callable[[Job], Awaitable[Any]] | None = None,
     ) -> None:
         self._spec = spec
+        #: Makes the call instead of ``spec.function(job.argument)`` (telemetry's span
+        #: and timing); ``None`` without instrumentation, so the call costs nothing more.
+        self._invoke = invoke
         self._manager = manager
         #: ``manager.confirm_persisted`` without its argument check and thread
         #: hand-off: calls run on the manager's loop, and tickets are lists of ints.
@@ -225,10 +232,11 @@ class Calls:
         spec = self._spec
         retry = spec.retry
         counters = self._counters
+        invoke = self._invoke
         attempt = 1
         while True:
             try:
-                result = await spec.function(job.argument)
+                result = await (spec.function(job.argument) if invoke is None else invoke(job))
                 rejects = _batch_rejects(spec, result) if spec.batched else None
             except Reject as reject:
                 job.resolved = True

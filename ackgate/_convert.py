@@ -19,6 +19,7 @@ advanced past the event meanwhile. A handler rejects bad *content*, with
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from typing import Any
 
@@ -32,6 +33,8 @@ class MessageProducer(SharedStreamProducer):
 
     def __init__(self, inner: SharedStreamProducer) -> None:
         self._inner = inner
+        #: Told ``(events, seconds, error or None)`` after each advance (metrics).
+        self.observe_advance: Callable[[int, float, BaseException | None], None] | None = None
 
     async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
         """The inner stream, converted. Cancelled at a yield or while the inner stream
@@ -60,7 +63,17 @@ class MessageProducer(SharedStreamProducer):
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """The inner producer's ``advance``; raising or cancellation as there."""
-        await self._inner.advance(batch)
+        observe = self.observe_advance
+        if observe is None:
+            await self._inner.advance(batch)
+            return
+        start = time.perf_counter()
+        try:
+            await self._inner.advance(batch)
+        except BaseException as error:
+            observe(len(batch), time.perf_counter() - start, error)
+            raise
+        observe(len(batch), time.perf_counter() - start, None)
 
     async def aclose(self) -> None:
         """The inner producer's ``aclose``; it is awaited once, as the group awaits this."""
@@ -89,8 +102,12 @@ class BatchMessageProducer(MessageProducer):
                 await aclose()
 
 
-def converting(factory: Callable[[], SharedStreamProducer]) -> Callable[[], MessageProducer]:
-    """A factory for the group: calls ``factory`` once per group and wraps what it made."""
+def converting(
+    factory: Callable[[], SharedStreamProducer],
+    made: Callable[[MessageProducer, SharedStreamProducer], None] | None = None,
+) -> Callable[[], MessageProducer]:
+    """A factory for the group: calls ``factory`` once per group and wraps what it made
+    (then tells ``made(wrapper, inner)``, if given)."""
 
     def make() -> MessageProducer:
         inner = factory()
@@ -98,8 +115,13 @@ def converting(factory: Callable[[], SharedStreamProducer]) -> Callable[[], Mess
             raise TypeError(
                 f"producer() must return a SharedStreamProducer, got {type(inner).__name__}"
             )
-        if type(inner).open_stream_batches is not SharedStreamProducer.open_stream_batches:
-            return BatchMessageProducer(inner)
-        return MessageProducer(inner)
+        wrapper = (
+            BatchMessageProducer(inner)
+            if type(inner).open_stream_batches is not SharedStreamProducer.open_stream_batches
+            else MessageProducer(inner)
+        )
+        if made is not None:
+            made(wrapper, inner)
+        return wrapper
 
     return make

@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
-from ackgate._convert import converting
+from ackgate._convert import MessageProducer, converting
 from ackgate._errors import StreamTerminated
 from ackgate._handlers import HandlerCounters, HandlerSpec, HandlerStats, Ordering, check_spec
 from ackgate._manager import SharedStreamManager
 from ackgate._producer import SharedStreamProducer
 from ackgate._retry import Retry
 from ackgate._stats import GroupStats
+from ackgate._telemetry import ServiceTelemetry, for_service
 from ackgate._worker import HandlerWorker
 
 logger = logging.getLogger("ackgate.service")
@@ -114,7 +115,7 @@ class Service:
         self.key = key
         self._manager = SharedStreamManager(**options) if manager is None else manager
         self._owns_manager = manager is None
-        self._factory = converting(producer)
+        self._factory = converting(producer, self._producer_made)
         self._restart_backoff = float(restart_backoff)
         self._max_restart_backoff = float(max_restart_backoff)
         self._specs: dict[str, HandlerSpec] = {}
@@ -122,6 +123,8 @@ class Service:
         self._workers: list[HandlerWorker] = []
         self._state: Literal["new", "running", "stopped"] = "new"
         self._restarts = 0
+        #: OpenTelemetry instrumentation, decided when ``run()`` starts (None: no SDK).
+        self._telemetry: ServiceTelemetry | None = None
         #: Loop time by which a graceful stop ends calls; set once by :meth:`stop`.
         self._stop_at: float | None = None
         #: Set by :meth:`stop`: cuts a restart backoff short.
@@ -213,6 +216,7 @@ class Service:
         self._stopping = asyncio.Event()
         self._finished = asyncio.get_running_loop().create_future()
         roster = tuple(self._specs)
+        telemetry = self._telemetry = for_service(self)
         self._workers = [
             HandlerWorker(
                 spec,
@@ -221,6 +225,7 @@ class Service:
                 factory=self._factory,
                 roster=roster,
                 counters=self._counters[spec.id],
+                invoke=None if telemetry is None else telemetry.handler(spec),
             )
             for spec in self._specs.values()
         ]
@@ -235,6 +240,10 @@ class Service:
                     await self._manager.aclose()
             finally:
                 self._finished.set_result(None)
+
+    def _producer_made(self, wrapper: MessageProducer, inner: SharedStreamProducer) -> None:
+        if self._telemetry is not None:
+            self._telemetry.producer_made(wrapper, inner)
 
     async def _supervise(self) -> None:
         assert self._stopping is not None

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, NoReturn
+from collections.abc import Awaitable, Callable, Hashable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ackgate._calls import UNORDERED, Calls, Job
 from ackgate._errors import AckTimeout, StreamTerminated, SubscriberOverflow
@@ -49,8 +49,10 @@ class HandlerWorker:
         factory: Callable[[], SharedStreamProducer],
         roster: tuple[str, ...],
         counters: HandlerCounters,
+        invoke: Callable[[Job], Awaitable[Any]] | None = None,
     ) -> None:
         self.spec = spec
+        self._invoke = invoke
         self._key = key
         self._manager = manager
         self._factory = factory
@@ -85,7 +87,7 @@ class HandlerWorker:
                 self._key, self.spec.id, producer=self._factory, roster=self._roster
             )
             self._counters.subscribed(subscription)
-            calls = self._calls = Calls(self.spec, self._manager, self._counters)
+            calls = self._calls = Calls(self.spec, self._manager, self._counters, self._invoke)
             pull = self._pull_batches if self.spec.batched else self._pull_each
             feed = self._feed = loop.create_task(pull(subscription, calls))
             # The feed learns of a force-fail at its next pull; a feed waiting for
