@@ -22,6 +22,14 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ackgate._operate import (
+    WORKER_INDEX_ENV,
+    add_operability_options,
+    prepare_operability,
+    run_workers,
+    start_health,
+    watch_parent,
+)
 from ackgate._service import Service
 
 logger = logging.getLogger("ackgate.run")
@@ -78,19 +86,27 @@ def add_parser(commands: Any) -> None:
         metavar="LEVEL",
         help=f"one of {', '.join(LOG_LEVELS)} (default: %(default)s)",
     )
+    add_operability_options(run)
 
 
 def run_command(opts: argparse.Namespace) -> int:
     """Run the services of ``opts.targets``; return the exit status."""
+    worker = os.environ.get(WORKER_INDEX_ENV)
     logging.basicConfig(
-        level=opts.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=opts.log_level,
+        format="%(asctime)s %(levelname)s "
+        + ("" if worker is None else f"[worker {worker}] ")
+        + "%(name)s: %(message)s",
     )
+    if opts.workers > 1:
+        return run_workers(opts)
     try:
+        prepare_operability(opts)  # before the import: a module may log or make spans
         services = load_services(opts.targets)
     except BadTarget as error:
         print(f"ackgate run: {error}", file=sys.stderr)
         return 2
-    return asyncio.run(serve(services, opts.shutdown_timeout))
+    return asyncio.run(serve(services, opts.shutdown_timeout, opts))
 
 
 def load_services(targets: Sequence[str]) -> list[Service]:
@@ -139,12 +155,16 @@ def _load(target: str) -> list[Service]:
     )
 
 
-async def serve(services: Sequence[Service], shutdown_timeout: float) -> int:
+async def serve(
+    services: Sequence[Service], shutdown_timeout: float, opts: argparse.Namespace | None = None
+) -> int:
     """Run ``services`` until a signal (or a failure) stops them; return the exit status.
 
+    ``opts``: the command's options for health endpoints (``--health-port``).
     Cancellation cancels every service's ``run()`` and propagates.
     """
     loop = asyncio.get_running_loop()
+    close_health = start_health(loop, services, opts)
     runs = [
         loop.create_task(service.run(), name=f"ackgate run {service.key!r}") for service in services
     ]
@@ -168,6 +188,7 @@ async def serve(services: Sequence[Service], shutdown_timeout: float) -> int:
                 run.cancel()
 
     restore = _on_signals(loop, stop_all)
+    watch_parent(lambda: loop.call_soon_threadsafe(stop_all, "the parent process is gone"))
     try:
         failed = False
         pending = set(runs)
@@ -186,6 +207,7 @@ async def serve(services: Sequence[Service], shutdown_timeout: float) -> int:
             await asyncio.gather(stopping, return_exceptions=True)
     finally:
         restore()
+        close_health()
         for run in runs:
             run.cancel()
         await asyncio.gather(*runs, return_exceptions=True)

@@ -244,6 +244,10 @@ class _HeaderGetter:
 _HEADERS: Any = _HeaderGetter()
 
 
+#: The messaging conventions' advised boundaries for durations in seconds.
+_SECONDS_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0]
+
+
 class _Instruments:
     """The process's instruments, made once, shared by every instrumented service."""
 
@@ -257,11 +261,13 @@ class _Instruments:
             "messaging.process.duration",
             unit="s",
             description="Duration of each handler call (a batch handler's: its whole batch).",
+            explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS,
         )
         self.advance_duration = meter.create_histogram(
             "ackgate.group.advance.duration",
             unit="s",
             description="Duration of each advance (commit, delete, ack, complete) call.",
+            explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS,
         )
         self.advances = meter.create_counter(
             "ackgate.group.advances", unit="{call}", description="Advance calls made."
