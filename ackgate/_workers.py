@@ -95,6 +95,11 @@ class Workers:
         if health_port is not None:
             livez, readyz = self.probes()
             server = HealthServer(health_host or "0.0.0.0", health_port, livez, readyz)
+            logger.info(
+                "health endpoints /livez and /readyz of %d workers on port %d",
+                len(self.workers),
+                server.port,
+            )
         try:
             codes = await asyncio.gather(*(self._keep(worker) for worker in self.workers))
         finally:

@@ -165,7 +165,7 @@ def test_readyz_and_livez(
     until(lambda: get(port, "/readyz")[0] == 200, "ready again once the broker is back")
 
     (control / "block").touch()
-    code, body = until(lambda: (reply := get(port, "/livez"))[0] == 503 and reply, "livez 503")
+    _code, body = until(lambda: (reply := get(port, "/livez"))[0] == 503 and reply, "livez 503")
     assert "blocked" in json.loads(body)["reason"]
     until(lambda: get(port, "/livez")[0] == 200, "live again once the loop runs")
 
