@@ -147,7 +147,7 @@ def test_readyz_and_livez(
     assert json.loads(get(port, "/livez")[1]) == {"status": "ok"}
 
     (control / "hang").touch()
-    code, body = until(
+    _code, body = until(
         lambda: (reply := get(port, "/readyz"))[0] == 503 and reply, "503 with slow missing"
     )
     (problem,) = json.loads(body)["not_ready"]
@@ -157,7 +157,7 @@ def test_readyz_and_livez(
     until(lambda: get(port, "/readyz")[0] == 200, "ready again once slow is back")
 
     (control / "down").touch()
-    code, body = until(
+    _code, body = until(
         lambda: (reply := get(port, "/readyz"))[0] == 503 and reply, "503 with the broker down"
     )
     assert "no live group" in json.loads(body)["not_ready"][0]["reason"]
