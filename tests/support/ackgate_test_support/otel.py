@@ -35,21 +35,27 @@ def _reset() -> None:
 
 
 @contextlib.contextmanager
-def otel_sdk() -> Iterator[tuple[InMemoryMetricReader, InMemorySpanExporter]]:
-    reader = InMemoryMetricReader()
-    spans = InMemorySpanExporter()
-    meter_provider = MeterProvider(metric_readers=[reader])
-    tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+def installed(meter_provider: MeterProvider, tracer_provider: TracerProvider) -> Iterator[None]:
+    """The two providers as the global ones while inside; shut down on the way out."""
     _reset()
     metrics.set_meter_provider(meter_provider)
     trace.set_tracer_provider(tracer_provider)
     try:
-        yield reader, spans
+        yield
     finally:
         _reset()
         meter_provider.shutdown()
         tracer_provider.shutdown()
+
+
+@contextlib.contextmanager
+def otel_sdk() -> Iterator[tuple[InMemoryMetricReader, InMemorySpanExporter]]:
+    reader = InMemoryMetricReader()
+    spans = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    with installed(MeterProvider(metric_readers=[reader]), tracer_provider):
+        yield reader, spans
 
 
 def points(reader: InMemoryMetricReader, service: str) -> dict[str, list[Any]]:

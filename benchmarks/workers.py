@@ -1,0 +1,163 @@
+"""``ackgate run --workers 2`` vs one worker: a CPU-bound handler on Kafka, 4 partitions.
+
+    python benchmarks/workers.py [--bootstrap HOST:PORT] [--messages 200000] [--repeat 2]
+
+Without ``--bootstrap`` (or ``ACKGATE_KAFKA_BOOTSTRAP``) it starts a local KRaft broker
+the way the tests do. One topic of ``--messages`` records over 4 partitions is read,
+in a fresh consumer group per run, by ``ackgate run bench:service --workers N`` (a
+subprocess) for N = 1 and 2, in interleaved rounds. The service has one per-message
+handler that spends about 20 µs hashing each message (``--hash-us``; calibrated
+here, then given to the workers). A run is timed from the first message handled (by
+any worker) until the group's committed offsets reach the end of the topic, so
+process start and the first group join do not count; the second worker's join (a
+rebalance) does. Prints messages/s per N and the ratio (the target is at least 1.6×
+on a 2-core machine). Not part of the test run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from aiokafka.structs import TopicPartition
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kafka_e2e import TEST_SUPPORT, fill_topic  # noqa: E402 - the sibling benchmark
+
+PARTITIONS = 4
+
+APP = """
+import hashlib
+import os
+import time
+
+from ackgate import Message, Service
+from ackgate_kafka import KafkaStreamProducer
+
+ROUNDS = int(os.environ["ROUNDS"])
+mark = os.path.join(os.environ["MARKS"], str(os.getpid()))
+marked = False
+
+service = Service(
+    "bench",
+    producer=lambda: KafkaStreamProducer(
+        os.environ["TOPIC"], bootstrap_servers=os.environ["BOOTSTRAP"], group_id=os.environ["GROUP"]
+    ),
+)
+
+
+@service.handler("hasher")
+async def hasher(message: Message) -> None:
+    global marked
+    if not marked:
+        marked = True
+        with open(mark, "w") as file:
+            file.write(repr(time.time()))
+    digest = message.body
+    for _ in range(ROUNDS):
+        digest = hashlib.sha256(digest).digest()
+"""
+
+
+def calibrate(micros: float) -> int:
+    """Rounds of sha256 over 32 bytes that take about ``micros`` µs here."""
+    rounds = 10_000
+    digest = b"x" * 32
+    start = time.perf_counter()
+    for _ in range(rounds):
+        digest = hashlib.sha256(digest).digest()
+    per_round = (time.perf_counter() - start) / rounds
+    return max(1, round(micros * 1e-6 / per_round))
+
+
+async def committed_total(bootstrap: str, group: str) -> int:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+        return sum(meta.offset for tp, meta in offsets.items() if isinstance(tp, TopicPartition))
+    finally:
+        await admin.close()
+
+
+async def one_run(
+    bootstrap: str, topic: str, messages: int, workers: int, rounds: int, workdir: Path
+) -> float:
+    group = f"bench-workers-{uuid.uuid4().hex[:8]}"
+    marks = workdir / group
+    marks.mkdir()
+    env = dict(
+        os.environ, BOOTSTRAP=bootstrap, TOPIC=topic, GROUP=group, MARKS=str(marks),
+        ROUNDS=str(rounds),
+    )  # fmt: skip
+    command = [sys.executable, "-m", "ackgate", "run", "bench:service", "--workers", str(workers)]
+    command += ["--log-level", "WARNING"]
+    parent = subprocess.Popen(command, cwd=workdir, env=env)
+    try:
+        while await committed_total(bootstrap, group) < messages:  # another process: poll
+            if parent.poll() is not None:
+                raise SystemExit(f"--workers {workers} exited with {parent.returncode}")
+            await asyncio.sleep(0.1)
+        ended = time.time()
+        first = min(float(mark.read_text()) for mark in marks.iterdir())
+    finally:
+        parent.send_signal(signal.SIGTERM)
+        parent.wait(timeout=60)
+    return messages / (ended - first)
+
+
+async def bench(bootstrap: str, messages: int, repeat: int, micros: float) -> None:
+    topic = f"bench-workers-{uuid.uuid4().hex[:8]}"
+    await fill_topic(bootstrap, topic, messages, PARTITIONS, 100)
+    rounds = calibrate(micros)
+    best = {1: 0.0, 2: 0.0}
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        (workdir / "bench.py").write_text(APP)
+        for _ in range(repeat):  # interleaved: the machine is shared
+            for workers in best:
+                rate = await one_run(bootstrap, topic, messages, workers, rounds, workdir)
+                print(f"--workers {workers}: {rate:,.0f} messages/s", flush=True)
+                best[workers] = max(best[workers], rate)
+    ratio = best[2] / best[1]
+    print(
+        f"\n{messages:,} messages, {PARTITIONS} partitions, ~{micros:g} µs of hashing each "
+        f"({rounds} sha256 rounds), best of {repeat}, {os.cpu_count()} CPUs"
+    )
+    for workers, rate in best.items():
+        print(f"--workers {workers}: {rate:>10,.0f} messages/s")
+    verdict = "meets" if ratio >= 1.6 else "misses"
+    print(f"--workers 2 / --workers 1: {ratio:.2f}x ({verdict} the 1.6x target)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bootstrap", default=os.environ.get("ACKGATE_KAFKA_BOOTSTRAP"))
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--hash-us", type=float, default=20.0, help="µs of hashing per message")
+    args = parser.parse_args()
+    if args.bootstrap:
+        asyncio.run(bench(args.bootstrap, args.messages, args.repeat, args.hash_us))
+        return
+    sys.path.insert(0, str(TEST_SUPPORT))
+    from ackgate_test_support.kafka_broker import LocalKafkaBroker
+
+    with tempfile.TemporaryDirectory() as workdir:
+        with LocalKafkaBroker(Path(workdir), java_opts=("-Xms512m", "-Xmx1g")) as broker:
+            asyncio.run(bench(broker.bootstrap, args.messages, args.repeat, args.hash_us))
+
+
+if __name__ == "__main__":
+    main()
