@@ -10,7 +10,7 @@ handler that spends about 20 µs hashing each message (``--hash-us``; calibrated
 here, then given to the workers). A run is timed from the first message handled (by
 any worker) until the group's committed offsets reach the end of the topic, so
 process start and the first group join do not count; the second worker's join (a
-rebalance) does. Prints messages/s per N and the ratio (the target is at least 1.6×
+rebalance) does. Prints messages/s per N and the ratio (the target is at least 1.6x
 on a 2-core machine). Not part of the test run.
 """
 
@@ -21,7 +21,6 @@ import asyncio
 import hashlib
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +30,7 @@ from pathlib import Path
 from aiokafka.structs import TopicPartition
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kafka_e2e import TEST_SUPPORT, fill_topic  # noqa: E402 - the sibling benchmark
+from kafka_e2e import TEST_SUPPORT, fill_topic  # the sibling benchmark
 
 PARTITIONS = 4
 
@@ -103,17 +102,18 @@ async def one_run(
     )  # fmt: skip
     command = [sys.executable, "-m", "ackgate", "run", "bench:service", "--workers", str(workers)]
     command += ["--log-level", "WARNING"]
-    parent = subprocess.Popen(command, cwd=workdir, env=env)
+    parent = await asyncio.create_subprocess_exec(*command, cwd=workdir, env=env)
     try:
         while await committed_total(bootstrap, group) < messages:  # another process: poll
-            if parent.poll() is not None:
+            if parent.returncode is not None:
                 raise SystemExit(f"--workers {workers} exited with {parent.returncode}")
             await asyncio.sleep(0.1)
         ended = time.time()
         first = min(float(mark.read_text()) for mark in marks.iterdir())
     finally:
-        parent.send_signal(signal.SIGTERM)
-        parent.wait(timeout=60)
+        if parent.returncode is None:
+            parent.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(parent.wait(), 60)
     return messages / (ended - first)
 
 
@@ -154,9 +154,11 @@ def main() -> None:
     sys.path.insert(0, str(TEST_SUPPORT))
     from ackgate_test_support.kafka_broker import LocalKafkaBroker
 
-    with tempfile.TemporaryDirectory() as workdir:
-        with LocalKafkaBroker(Path(workdir), java_opts=("-Xms512m", "-Xmx1g")) as broker:
-            asyncio.run(bench(broker.bootstrap, args.messages, args.repeat, args.hash_us))
+    with (
+        tempfile.TemporaryDirectory() as workdir,
+        LocalKafkaBroker(Path(workdir), java_opts=("-Xms512m", "-Xmx1g")) as broker,
+    ):
+        asyncio.run(bench(broker.bootstrap, args.messages, args.repeat, args.hash_us))
 
 
 if __name__ == "__main__":
