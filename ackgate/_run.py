@@ -8,6 +8,8 @@ gracefully (``stop(timeout=--shutdown-timeout)``); a second one stops them at on
 
 Exit status: 0 after a graceful stop; 1 when a service failed, or a second signal
 cut the stop short; 2 for a bad target (one line on stderr, no traceback).
+
+``--health-port``, ``--metrics-port`` and ``--workers`` are :mod:`ackgate._operate`'s.
 """
 
 from __future__ import annotations
