@@ -128,7 +128,12 @@ def start_health(
     livez, readyz = loop_probes(loop, services)
     # A worker's own server is for its parent only: loopback, whatever --health-host says.
     host = "127.0.0.1" if os.environ.get(REPORT_FD_ENV) else opts.health_host
-    server = HealthServer(host, opts.health_port, livez, readyz)
+    try:
+        server = HealthServer(host, opts.health_port, livez, readyz)
+    except OSError as error:
+        from ackgate._run import BadTarget
+
+        raise BadTarget(f"--health-port {opts.health_port}: {error.strerror}") from None
     report_health_port(server.port)  # a worker tells its parent where to ask
     logger.info("health endpoints /livez and /readyz on port %d", server.port)
     return server.close

@@ -108,7 +108,11 @@ def run_command(opts: argparse.Namespace) -> int:
     except BadTarget as error:
         print(f"ackgate run: {error}", file=sys.stderr)
         return 2
-    return asyncio.run(serve(services, opts.shutdown_timeout, opts))
+    try:
+        return asyncio.run(serve(services, opts.shutdown_timeout, opts))
+    except BadTarget as error:  # e.g. the health port is taken
+        print(f"ackgate run: {error}", file=sys.stderr)
+        return 2
 
 
 def load_services(targets: Sequence[str]) -> list[Service]:

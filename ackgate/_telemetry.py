@@ -33,6 +33,8 @@ logging instrumentation names them.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import time
 import weakref
@@ -48,7 +50,7 @@ if TYPE_CHECKING:
     from ackgate._convert import MessageProducer
     from ackgate._handlers import HandlerSpec
     from ackgate._producer import SharedStreamProducer
-    from ackgate._service import Service
+    from ackgate._service import Service, ServiceStats
 
 SCOPE = "ackgate"
 
@@ -86,7 +88,7 @@ def for_service(service: Service) -> ServiceTelemetry | None:
         return None
     instruments = _instruments(metered)
     if instruments is not None:
-        instruments.services.add(service)
+        instruments.services[service] = asyncio.get_running_loop()
     if traced:
         _install_log_ids()
     return ServiceTelemetry(service, instruments, traced)
@@ -255,8 +257,13 @@ class _Instruments:
         from opentelemetry import metrics
 
         meter = metrics.get_meter(SCOPE)
-        #: Running services the observable instruments report on (gone when collected).
-        self.services: weakref.WeakSet[Service] = weakref.WeakSet()
+        #: Running services the observable instruments report on (gone when collected),
+        #: and the loop each runs on: their statistics are read there.
+        self.services: weakref.WeakKeyDictionary[Service, asyncio.AbstractEventLoop] = (
+            weakref.WeakKeyDictionary()
+        )
+        #: ``(monotonic time, snapshot)``: one collection's callbacks share one snapshot.
+        self._snapshot: tuple[float, list[tuple[Service, ServiceStats]]] = (-1.0, [])
         self.duration = meter.create_histogram(
             "messaging.process.duration",
             unit="s",
@@ -323,11 +330,36 @@ class _Instruments:
     def _gauge(self, name: str, _options: Any) -> Iterator[Any]:
         return self._observations(name)
 
+    def _stats(self) -> list[tuple[Service, ServiceStats]]:
+        """Every service's statistics, read on its own loop (a reader may collect from
+        another thread, e.g. the Prometheus exporter's HTTP server). A loop that does
+        not answer within a second is left out of this collection."""
+        taken, snapshot = self._snapshot
+        now = time.monotonic()
+        if now - taken < _SNAPSHOT_LIFE:
+            return snapshot
+        snapshot = []
+        for service, loop in list(self.services.items()):
+            if loop.is_closed():
+                continue
+            try:
+                if asyncio.get_running_loop() is loop:
+                    snapshot.append((service, service.stats()))
+                    continue
+            except RuntimeError:  # no loop in this thread
+                pass
+            answer = asyncio.run_coroutine_threadsafe(_stats_of(service), loop)
+            try:
+                snapshot.append((service, answer.result(timeout=1.0)))
+            except concurrent.futures.TimeoutError:
+                answer.cancel()
+        self._snapshot = (now, snapshot)
+        return snapshot
+
     def _observations(self, what: str) -> Iterator[Any]:
         from opentelemetry.metrics import Observation
 
-        for service in list(self.services):
-            stats = service.stats()
+        for service, stats in self._stats():
             if stats.state != "running" and what != "restarts":
                 continue
             attributes = {"ackgate.service": str(service.key)}
@@ -368,6 +400,13 @@ class _Instruments:
 #: The instruments and the meter provider they were made with: made again only if
 #: the global provider was replaced (tests do; a service sets it up once).
 _made: tuple[object, _Instruments] | None = None
+
+#: Seconds one snapshot of the services' statistics serves a collection's callbacks.
+_SNAPSHOT_LIFE = 0.25
+
+
+async def _stats_of(service: Service) -> ServiceStats:
+    return service.stats()
 
 
 def _instruments(metered: bool) -> _Instruments | None:

@@ -194,9 +194,9 @@ class Workers:
         try:
             return await worker.process.wait()
         finally:
-            worker.health_port = None
             if reported is not None:
-                await reported
+                await reported  # EOF at the latest when the process exited
+            worker.health_port = None  # after the report's callback, which may set it
 
     def probes(self) -> tuple[Probe, Probe]:
         """``(livez, readyz)`` of the parent: every worker asked in turn."""
