@@ -27,6 +27,7 @@ two). Then:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import os
@@ -199,31 +200,39 @@ class Workers:
             worker.health_port = None  # after the report's callback, which may set it
 
     def probes(self) -> tuple[Probe, Probe]:
-        """``(livez, readyz)`` of the parent: every worker asked in turn."""
+        """``(livez, readyz)`` of the parent: every worker asked at once (a blocked
+        worker takes a second to say so; the others are not made to wait behind it)."""
+
+        def ask(path: str) -> list[tuple[_Worker, int | None, dict[str, Any]]]:
+            ports = [(worker, worker.health_port) for worker in self.workers]
+            with concurrent.futures.ThreadPoolExecutor(len(ports)) as pool:
+                answers = list(
+                    pool.map(lambda wp: (503, {}) if wp[1] is None else _get(wp[1], path), ports)
+                )
+            return [
+                (worker, None if port is None else code, body)
+                for (worker, port), (code, body) in zip(ports, answers, strict=True)
+            ]
 
         def livez() -> tuple[bool, dict[str, Any]]:
-            failing = []
-            for worker in self.workers:
-                port = worker.health_port
-                if port is None:
-                    continue  # starting or restarting: the parent keeps it alive
-                code, body = _get(port, "/livez")
-                if code != 200:
-                    failing.append(dict(worker.describe(), **body))
+            failing = [
+                dict(worker.describe(), **body)
+                for worker, code, body in ask("/livez")
+                # None: starting or restarting; the parent keeps it alive meanwhile.
+                if code is not None and code != 200
+            ]
             if failing:
                 return False, {"status": "unavailable", "workers": failing}
             return True, {"status": "ok", "workers": len(self.workers)}
 
         def readyz() -> tuple[bool, dict[str, Any]]:
-            not_ready = []
-            for worker in self.workers:
-                port = worker.health_port
-                if port is None:
-                    not_ready.append(dict(worker.describe(), reason="worker not running"))
-                    continue
-                code, body = _get(port, "/readyz")
-                if code != 200:
-                    not_ready.append(dict(worker.describe(), **body))
+            not_ready = [
+                dict(worker.describe(), **body)
+                if code is not None
+                else dict(worker.describe(), reason="worker not running")
+                for worker, code, body in ask("/readyz")
+                if code != 200
+            ]
             if not_ready:
                 return False, {"status": "unavailable", "workers": not_ready}
             return True, {"status": "ok", "workers": len(self.workers)}
