@@ -215,10 +215,14 @@ class ServiceTelemetry:
             return attributes, self._carried(message), None
         attributes["messaging.batch.message_count"] = len(messages)
         links = []
+        extract = self._extract
+        span_of = self._span_context_of
         for message in messages:
-            context = self._span_context_of(self._carried(message)).get_span_context()
-            if context.is_valid:
-                links.append(self._link(context))
+            headers = message.headers
+            if headers:  # most messages of a batch carry no trace context: skip them cheaply
+                context = span_of(extract(headers, getter=_HEADERS)).get_span_context()
+                if context.is_valid:
+                    links.append(self._link(context))
         return attributes, None, links
 
     def _carried(self, message: Message) -> Any:

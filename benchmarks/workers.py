@@ -10,8 +10,10 @@ handler that spends about 20 µs hashing each message (``--hash-us``; calibrated
 here, then given to the workers). A run is timed from the first message handled (by
 any worker) until the group's committed offsets reach the end of the topic, so
 process start and the first group join do not count; the second worker's join (a
-rebalance) does. Prints messages/s per N and the ratio (the target is at least 1.6x
-on a 2-core machine). Not part of the test run.
+rebalance) does. A second figure times the last 80 % only (from 20 % committed),
+after that rebalance. Prints messages/s per N and the ratios (the target is at least
+1.6x on a 2-core machine; the Kafka broker shares those cores when it runs locally).
+Not part of the test run.
 """
 
 from __future__ import annotations
@@ -69,13 +71,16 @@ async def hasher(message: Message) -> None:
 
 
 def calibrate(micros: float) -> int:
-    """Rounds of sha256 over 32 bytes that take about ``micros`` µs here."""
+    """Rounds of sha256 over 32 bytes that take about ``micros`` µs here (the fastest of
+    five timings: on a shared machine the slower ones measure the neighbours)."""
     rounds = 10_000
-    digest = b"x" * 32
-    start = time.perf_counter()
-    for _ in range(rounds):
-        digest = hashlib.sha256(digest).digest()
-    per_round = (time.perf_counter() - start) / rounds
+    per_round = float("inf")
+    for _ in range(5):
+        digest = b"x" * 32
+        start = time.perf_counter()
+        for _ in range(rounds):
+            digest = hashlib.sha256(digest).digest()
+        per_round = min(per_round, (time.perf_counter() - start) / rounds)
     return max(1, round(micros * 1e-6 / per_round))
 
 
@@ -97,7 +102,8 @@ async def committed_total(bootstrap: str, group: str) -> int:
 
 async def one_run(
     bootstrap: str, topic: str, messages: int, workers: int, rounds: int, workdir: Path
-) -> float:
+) -> tuple[float, float]:
+    """``(messages/s from the first message handled, messages/s from 20 % committed)``."""
     group = f"bench-workers-{uuid.uuid4().hex[:8]}"
     marks = workdir / group
     marks.mkdir()
@@ -108,10 +114,13 @@ async def one_run(
     command = [sys.executable, "-m", "ackgate", "run", "bench:service", "--workers", str(workers)]
     command += ["--log-level", "WARNING"]
     parent = await asyncio.create_subprocess_exec(*command, cwd=workdir, env=env)
+    fifth: float | None = None
     try:
-        while await committed_total(bootstrap, group) < messages:  # another process: poll
+        while (done := await committed_total(bootstrap, group)) < messages:  # poll: no event
             if parent.returncode is not None:
                 raise SystemExit(f"--workers {workers} exited with {parent.returncode}")
+            if fifth is None and done >= messages // 5:
+                fifth = time.time()
             await asyncio.sleep(0.1)
         ended = time.time()
         first = min(float(mark.read_text()) for mark in marks.iterdir())
@@ -119,31 +128,38 @@ async def one_run(
         if parent.returncode is None:
             parent.send_signal(signal.SIGTERM)
         await asyncio.wait_for(parent.wait(), 60)
-    return messages / (ended - first)
+    steady = messages * 4 / 5 / (ended - fifth) if fifth is not None else 0.0
+    return messages / (ended - first), steady
 
 
 async def bench(bootstrap: str, messages: int, repeat: int, micros: float) -> None:
     topic = f"bench-workers-{uuid.uuid4().hex[:8]}"
     await fill_topic(bootstrap, topic, messages, PARTITIONS, 100)
     rounds = calibrate(micros)
-    best = {1: 0.0, 2: 0.0}
+    best = {1: [0.0, 0.0], 2: [0.0, 0.0]}
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         (workdir / "bench.py").write_text(APP)
         for _ in range(repeat):  # interleaved: the machine is shared
-            for workers in best:
-                rate = await one_run(bootstrap, topic, messages, workers, rounds, workdir)
-                print(f"--workers {workers}: {rate:,.0f} messages/s", flush=True)
-                best[workers] = max(best[workers], rate)
-    ratio = best[2] / best[1]
+            for workers, kept in best.items():
+                rates = await one_run(bootstrap, topic, messages, workers, rounds, workdir)
+                print(
+                    f"--workers {workers}: {rates[0]:,.0f} messages/s "
+                    f"({rates[1]:,.0f} from 20 % committed)",
+                    flush=True,
+                )
+                kept[:] = map(max, kept, rates)
     print(
         f"\n{messages:,} messages, {PARTITIONS} partitions, ~{micros:g} µs of hashing each "
         f"({rounds} sha256 rounds), best of {repeat}, {os.cpu_count()} CPUs"
     )
-    for workers, rate in best.items():
-        print(f"--workers {workers}: {rate:>10,.0f} messages/s")
-    verdict = "meets" if ratio >= 1.6 else "misses"
-    print(f"--workers 2 / --workers 1: {ratio:.2f}x ({verdict} the 1.6x target)")
+    print(f"{'':<12} {'whole run':>12} {'from 20 %':>12}  (messages/s)")
+    for workers, (whole, steady) in best.items():
+        print(f"--workers {workers} {whole:>12,.0f} {steady:>12,.0f}")
+    for index, what in enumerate(("whole run", "from 20 % committed (after the rebalance)")):
+        ratio = best[2][index] / best[1][index]
+        verdict = "meets" if ratio >= 1.6 else "misses"
+        print(f"--workers 2 / --workers 1, {what}: {ratio:.2f}x ({verdict} the 1.6x target)")
 
 
 def main() -> None:
