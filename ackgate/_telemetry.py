@@ -98,9 +98,12 @@ class ServiceTelemetry:
     """One running service's spans and call/advance histograms."""
 
     def __init__(self, service: Service, instruments: _Instruments | None, traced: bool) -> None:
-        from opentelemetry import propagate, trace
+        from opentelemetry import context, propagate, trace
 
         self._instruments = instruments
+        #: A message without trace context starts a trace of its own, whatever span
+        #: was current where ``run()`` was called.
+        self._root = context.Context()
         self._tracer = trace.get_tracer(SCOPE) if traced else None
         self._extract = propagate.extract
         self._link = trace.Link
@@ -229,7 +232,7 @@ class ServiceTelemetry:
         """The trace context ``message`` carries (an empty context when none)."""
         headers = message.headers
         if not headers:
-            return None
+            return self._root
         return self._extract(headers, getter=_HEADERS)
 
 

@@ -139,8 +139,10 @@ async def test_handler_span_continues_the_trace_and_logs_carry_ids(
             logging.getLogger("app").info("indexing %s", message.id)
 
         caplog.set_level(logging.INFO, logger="app")
-        async with running(service):
-            await broker.wait_drained("orders", "traced")
+        # run() inside a span: a message without trace context still starts its own.
+        with tracer.start_as_current_span("application"):
+            async with running(service):
+                await broker.wait_drained("orders", "traced")
         handler_spans = [s for s in spans.get_finished_spans() if s.name.startswith("process")]
     assert len(handler_spans) == 2
     traced = next(s for s in handler_spans if s.attributes["messaging.message.id"].endswith("/0"))
@@ -153,6 +155,7 @@ async def test_handler_span_continues_the_trace_and_logs_carry_ids(
     assert traced.attributes["messaging.destination.name"] == "orders"
     untraced = next(s for s in handler_spans if s is not traced)
     assert untraced.context.trace_id != sent_context.trace_id
+    assert untraced.parent is None
     record = next(r for r in caplog.records if r.name == "app" and r.getMessage().endswith("/0"))
     assert record.otelTraceID == format(sent_context.trace_id, "032x")
     assert record.otelSpanID == format(traced.context.span_id, "016x")
