@@ -20,7 +20,7 @@ import asyncio
 import contextvars
 import logging
 from collections import deque
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ackgate._handlers import HandlerCounters, HandlerSpec
@@ -89,11 +89,15 @@ class Calls:
         counters: HandlerCounters,
         on_exit: Callable[[BaseException], None],
         unresolved: UnresolvedCalls,
+        invoke: Callable[[Job], Awaitable[Any]] | None = None,
     ) -> None:
         self._spec = spec
         #: Told of a KeyboardInterrupt or SystemExit a call raised (the service stops).
         self._on_exit = on_exit
         self._unresolved = unresolved
+        #: Makes the call instead of ``spec.function(job.argument)`` (telemetry's span
+        #: and timing); ``None`` without instrumentation, so the call costs nothing more.
+        self._invoke = invoke
         self._manager = manager
         #: ``manager.confirm_persisted`` without its argument check and thread
         #: hand-off: calls run on the manager's loop, and tickets are lists of ints.
@@ -244,10 +248,13 @@ class Calls:
         retry = spec.retry
         counters = self._counters
         size = len(job.argument) if spec.batched else 1
+        invoke = self._invoke
         call = 1
         while True:
             try:
-                rejects = self._result(await spec.function(job.argument))
+                rejects = self._result(
+                    await (spec.function(job.argument) if invoke is None else invoke(job))
+                )
             except Reject as reject:
                 job.resolved = True
                 self._manager.reject_bound(job.seqs, reason=reject.reason)

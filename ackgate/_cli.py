@@ -138,6 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     parser = _parser()
     opts = parser.parse_args(argv)
+    opts.argv = list(sys.argv[1:] if argv is None else argv)  # --workers starts it again
     if opts.command == "adapters":
         for line in _adapter_lines():
             print(line)

@@ -21,6 +21,7 @@ advanced past the event meanwhile. A handler rejects bad *content*, with
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
 from typing import Any
 
@@ -44,6 +45,8 @@ class MessageProducer(SharedStreamProducer):
         #: Called with every message converted (``give_up_after`` needs to know
         #: which deliveries this process saw); ``None``: nobody asks.
         self._observe = observe
+        #: Told ``(events, seconds, error or None)`` after each advance (metrics).
+        self.observe_advance: Callable[[int, float, BaseException | None], None] | None = None
 
     async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
         """The inner stream, converted. Cancelled at a yield or while the inner stream
@@ -80,7 +83,18 @@ class MessageProducer(SharedStreamProducer):
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """The inner producer's ``advance``; raising or cancellation as there."""
-        await self._inner.advance(batch)
+        observe = self.observe_advance
+        if observe is None:
+            await self._inner.advance(batch)
+            self._owner.advanced(len(batch))
+            return
+        start = time.perf_counter()
+        try:
+            await self._inner.advance(batch)
+        except BaseException as error:
+            observe(len(batch), time.perf_counter() - start, error)
+            raise
+        observe(len(batch), time.perf_counter() - start, None)
         self._owner.advanced(len(batch))
 
     async def aclose(self) -> None:
@@ -138,10 +152,13 @@ class Converting:
         factory: Callable[[], SharedStreamProducer],
         giving_up: Callable[[], Mapping[str, int]] = dict,
         observe: Callable[[Message], None] | None = None,
+        made: Callable[[MessageProducer, SharedStreamProducer], None] | None = None,
     ) -> None:
         self._factory = factory
         self._giving_up = giving_up
         self._observe = observe
+        #: Told ``(wrapper, inner)`` of every producer made (telemetry); may be ``None``.
+        self._made = made
         #: The exception of the last call that did not produce a producer (the factory
         #: raised, returned something else, or made a producer refused by
         #: :func:`check_dead_letter`); ``None`` after a call that did.
@@ -164,9 +181,14 @@ class Converting:
             self.failure = exc
             raise
         observe = self._observe if handlers else None
-        if type(inner).open_stream_batches is not SharedStreamProducer.open_stream_batches:
-            return BatchMessageProducer(inner, self, observe)
-        return MessageProducer(inner, self, observe)
+        wrapper = (
+            BatchMessageProducer(inner, self, observe)
+            if type(inner).open_stream_batches is not SharedStreamProducer.open_stream_batches
+            else MessageProducer(inner, self, observe)
+        )
+        if self._made is not None:
+            self._made(wrapper, inner)
+        return wrapper
 
     def advanced(self, count: int) -> None:
         """Caller: a producer made here, once its inner ``advance`` returned."""

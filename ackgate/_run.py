@@ -12,6 +12,8 @@ others are stopped gracefully first), a module raised while being imported, or a
 second signal cut the stop short; 2 for a bad command line or target; ``n`` when a
 service's ``run()`` raised ``SystemExit(n)`` (the others are stopped gracefully
 first). A failure is one line on stderr; its traceback only with ``--log-level DEBUG``.
+
+``--health-port``, ``--metrics-port`` and ``--workers`` are :mod:`ackgate._operate`'s.
 """
 
 from __future__ import annotations
@@ -28,6 +30,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ackgate._logging import rate_limit_logging
+from ackgate._operate import (
+    WORKER_INDEX_ENV,
+    add_operability_options,
+    prepare_operability,
+    run_workers,
+    start_health,
+    watch_parent,
+)
 from ackgate._service import Service
 
 logger = logging.getLogger("ackgate.run")
@@ -109,15 +119,23 @@ def add_parser(commands: Any) -> None:
             "(default: the services' own, unlimited unless set)"
         ),
     )
+    add_operability_options(run)
 
 
 def run_command(opts: argparse.Namespace) -> int:
     """Run the services of ``opts.targets``; return the exit status."""
+    worker = os.environ.get(WORKER_INDEX_ENV)
     logging.basicConfig(
-        level=opts.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=opts.log_level,
+        format="%(asctime)s %(levelname)s "
+        + ("" if worker is None else f"[worker {worker}] ")
+        + "%(name)s: %(message)s",
     )
     rate_limit_logging()
+    if opts.workers > 1:
+        return run_workers(opts)
     try:
+        prepare_operability(opts)  # before the import: a module may log or make spans
         services = load_services(opts.targets)
     except BadTarget as error:
         print(f"ackgate run: {error}", file=sys.stderr)
@@ -133,7 +151,11 @@ def run_command(opts: argparse.Namespace) -> int:
     if opts.max_restarts is not None:
         for service in services:
             service._set_restart_limit(opts.max_restarts)
-    return asyncio.run(serve(services, opts.shutdown_timeout))
+    try:
+        return asyncio.run(serve(services, opts.shutdown_timeout, opts))
+    except BadTarget as error:  # e.g. the health port is taken
+        print(f"ackgate run: {error}", file=sys.stderr)
+        return 2
 
 
 def _one_line(error: BaseException, *, debug: bool) -> str:
@@ -209,14 +231,19 @@ def _load(target: str) -> list[Service]:
     )
 
 
-async def serve(services: Sequence[Service], shutdown_timeout: float) -> int:
+async def serve(
+    services: Sequence[Service], shutdown_timeout: float, opts: argparse.Namespace | None = None
+) -> int:
     """Run ``services`` until a signal (or a failure) stops them; return the exit status.
 
     A ``SystemExit`` or ``KeyboardInterrupt`` out of a service's ``run()`` stops the
     others gracefully too, then propagates (the process exits with its code).
+
+    ``opts``: the command's options for health endpoints (``--health-port``).
     Cancellation cancels every service's ``run()`` and propagates.
     """
     loop = asyncio.get_running_loop()
+    close_health = start_health(loop, services, opts)
     runs = [
         loop.create_task(_running(service), name=f"ackgate run {service.key!r}")
         for service in services
@@ -251,6 +278,7 @@ async def serve(services: Sequence[Service], shutdown_timeout: float) -> int:
                 run.cancel()
 
     restore = _on_signals(loop, stop_all)
+    watch_parent(lambda: loop.call_soon_threadsafe(stop_all, "the parent process is gone"))
     try:
         failed = False
         pending = set(runs)
@@ -284,6 +312,7 @@ async def serve(services: Sequence[Service], shutdown_timeout: float) -> int:
             await asyncio.gather(stopping, return_exceptions=True)
     finally:
         restore()
+        close_health()
         for run in runs:
             run.cancel()
         await asyncio.gather(*runs, return_exceptions=True)

@@ -23,13 +23,14 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
-from ackgate._convert import Converting, DeadLetterMissing
+from ackgate._convert import Converting, DeadLetterMissing, MessageProducer
 from ackgate._errors import StreamTerminated
 from ackgate._handlers import HandlerCounters, HandlerSpec, HandlerStats, Ordering, check_spec
 from ackgate._manager import SharedStreamManager
 from ackgate._producer import SharedStreamProducer
 from ackgate._retry import Retry
 from ackgate._stats import GroupStats
+from ackgate._telemetry import ServiceTelemetry, for_service
 from ackgate._unresolved import UnresolvedCalls
 from ackgate._worker import DEFAULT_STOP_TIMEOUT, HandlerWorker
 
@@ -141,7 +142,9 @@ class Service:
         self._owns_manager = manager is None
         #: What this process saw of each message's deliveries (``give_up_after``).
         self._unresolved = UnresolvedCalls()
-        self._factory = Converting(producer, self._giving_up, self._unresolved.seen)
+        self._factory = Converting(
+            producer, self._giving_up, self._unresolved.seen, made=self._producer_made
+        )
         self._restart_backoff = float(restart_backoff)
         self._max_restart_backoff = float(max_restart_backoff)
         self._restart_limit = restart_limit
@@ -150,6 +153,8 @@ class Service:
         self._workers: list[HandlerWorker] = []
         self._state: Literal["new", "running", "stopped"] = "new"
         self._restarts = 0
+        #: OpenTelemetry instrumentation, decided when ``run()`` starts (None: no SDK).
+        self._telemetry: ServiceTelemetry | None = None
         #: Loop time by which a graceful stop ends calls; set once by :meth:`stop`.
         self._stop_at: float | None = None
         #: Set by :meth:`stop`: cuts a restart backoff short.
@@ -322,6 +327,7 @@ class Service:
         self._stopping = asyncio.Event()
         self._finished = asyncio.get_running_loop().create_future()
         roster = tuple(self._specs)
+        telemetry = self._telemetry = for_service(self)
         self._workers = [
             HandlerWorker(
                 spec,
@@ -332,6 +338,7 @@ class Service:
                 counters=self._counters[spec.id],
                 on_exit=self._handler_exited,
                 unresolved=self._unresolved,
+                invoke=None if telemetry is None else telemetry.handler(spec),
             )
             for spec in self._specs.values()
         ]
@@ -354,6 +361,10 @@ class Service:
         if self._exit is None:
             self._exit = exit_
         self._request_stop(DEFAULT_STOP_TIMEOUT)
+
+    def _producer_made(self, wrapper: MessageProducer, inner: SharedStreamProducer) -> None:
+        if self._telemetry is not None:
+            self._telemetry.producer_made(wrapper, inner)
 
     async def _supervise(self) -> None:
         """Run group lives until the service stops; raise when supervision gives up."""

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, NoReturn
+from collections.abc import Awaitable, Callable, Hashable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ackgate._calls import UNORDERED, Calls, Job
 from ackgate._errors import AckTimeout, StreamTerminated, SubscriberOverflow
@@ -60,9 +60,11 @@ class HandlerWorker:
         counters: HandlerCounters,
         on_exit: Callable[[BaseException], None],
         unresolved: UnresolvedCalls,
+        invoke: Callable[[Job], Awaitable[Any]] | None = None,
     ) -> None:
         self.spec = spec
         self._unresolved = unresolved
+        self._invoke = invoke
         self._key = key
         self._manager = manager
         self._factory = factory
@@ -104,7 +106,12 @@ class HandlerWorker:
             )
             self._counters.subscribed(subscription)
             calls = self._calls = Calls(
-                self.spec, self._manager, self._counters, self._on_exit, self._unresolved
+                self.spec,
+                self._manager,
+                self._counters,
+                self._on_exit,
+                self._unresolved,
+                self._invoke,
             )
             pull = self._pull_batches if self.spec.batched else self._pull_each
             feed = self._feed = loop.create_task(pull(subscription, calls))

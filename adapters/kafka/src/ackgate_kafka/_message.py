@@ -13,11 +13,13 @@ frozen writes and an id string per record. ``dataclasses.replace``, ``copy`` and
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from ackgate import Message
 
 _new = object.__new__
+_NO_HEADERS: Mapping[str, bytes] = MappingProxyType({})
 
 
 def check_value(producer: object, value: object) -> None:
@@ -71,6 +73,8 @@ class RecordMessage(Message):
 
     @property
     def headers(self) -> Mapping[str, bytes]:
+        if not self._record.headers:  # most records: no dict to build, no exception to catch
+            return _NO_HEADERS
         try:
             headers: Mapping[str, bytes] = self._headers
         except AttributeError:
