@@ -22,6 +22,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ackgate._args import int_at_least
 from ackgate._demo import HANDLERS, Demo
 from ackgate._run import add_parser as add_run_parser
 from ackgate._run import run_command
@@ -34,16 +35,6 @@ ADAPTER_GROUP = "ackgate.adapters"
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _handler_list(text: str) -> tuple[str, ...]:
@@ -95,14 +86,14 @@ def _parser() -> _Parser:
     )
     demo.add_argument(
         "--events",
-        type=_positive,
+        type=int_at_least(1),
         default=10_000,
         metavar="N",
         help="events to publish (default: %(default)s)",
     )
     demo.add_argument(
         "--partitions",
-        type=_positive,
+        type=int_at_least(1),
         default=4,
         metavar="P",
         help="partitions of the topic (default: %(default)s)",
@@ -116,7 +107,7 @@ def _parser() -> _Parser:
     )
     demo.add_argument(
         "--crash-at",
-        type=_positive,
+        type=int_at_least(1),
         metavar="N",
         help="the notifier crashes once, on its N-th event, and re-subscribes",
     )

@@ -11,6 +11,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ackgate._args import int_at_least
 from ackgate._health import HealthServer, loop_probes
 from ackgate._workers import (
     INDEX_ENV,
@@ -48,16 +49,6 @@ def _port(text: str) -> int:
     return value
 
 
-def _workers(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def add_operability_options(run: Any) -> None:
     """Add ``--health-port``, ``--health-host``, ``--metrics-port`` and ``--workers``."""
     run.add_argument(
@@ -83,7 +74,7 @@ def add_operability_options(run: Any) -> None:
     )
     run.add_argument(
         "--workers",
-        type=_workers,
+        type=int_at_least(1),
         default=1,
         metavar="N",
         help="run N worker processes, each with its own copy of the services; signals are "

@@ -29,6 +29,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ackgate._args import int_at_least
 from ackgate._logging import rate_limit_logging
 from ackgate._operate import (
     WORKER_INDEX_ENV,
@@ -71,16 +72,6 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
 def _level(text: str) -> str:
     if text.upper() not in LOG_LEVELS:
         raise argparse.ArgumentTypeError(f"pick from {', '.join(LOG_LEVELS)}, got {text!r}")
@@ -111,7 +102,7 @@ def add_parser(commands: Any) -> None:
     )
     run.add_argument(
         "--max-restarts",
-        type=_count,
+        type=int_at_least(0),
         metavar="N",
         help=(
             "every service fails (exit 1) when its group ended again after N restarts in a "
