@@ -130,7 +130,6 @@ async def test_service_recovers_when_the_sqs_endpoint_comes_back(
             assert await send(moto.endpoint, ["after-1", "after-2"]) == url
             await until(lambda: connected() is True, 60, "no recovery")
             await until(lambda: len(bodies) == 4, 30, "new messages do not flow")
-            assert service.stats().restarts == 0  # the same group rode it out
 
         running = asyncio.create_task(service.run())
         try:
@@ -150,4 +149,10 @@ async def test_service_recovers_when_the_sqs_endpoint_comes_back(
         for r in caplog.records
         if r.name.startswith("ackgate") and r.levelno >= logging.WARNING
     ]
-    assert ackgate_warnings == [outage[0][1]]
+    # The same group rode the outage out. moto forgets its queues when it stops: a
+    # receive that reaches the restarted server before the test created the queue
+    # again ends the group (QueueDoesNotExist, a real error), and supervision restarts
+    # it. That restart is the emulator's lost state, never the outage's.
+    lost_queue = [w for w in ackgate_warnings if "QueueDoesNotExist" in w]
+    assert service.stats().restarts == len(lost_queue) <= 1, ackgate_warnings
+    assert [w for w in ackgate_warnings if w not in lost_queue] == [outage[0][1]]
