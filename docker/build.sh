@@ -70,7 +70,7 @@ if [[ -z "$base" ]]; then
         mirror="$(sed -n 's/^URIs: *\(.*debian\)$/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n1)"
         mirror="${mirror:-$(sed -n 's/^deb \(http[^ ]*debian\) bookworm .*/\1/p' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null | head -n1)}"
         mirror="${mirror:-http://deb.debian.org/debian}"
-        command -v debootstrap >/dev/null || { apt-get update -q && apt-get install -y -q debootstrap; }
+        command -v debootstrap >/dev/null || { apt-get update -q && apt-get install -y -q debootstrap; } >&2
         rootfs="$(mktemp -d)"
         say "debootstrap bookworm from $mirror"
         debootstrap --variant=minbase bookworm "$rootfs" "$mirror" >/dev/null
