@@ -20,7 +20,7 @@ from ackgate._errors import (
 from ackgate._handlers import HandlerStats
 from ackgate._manager import SharedStreamManager
 from ackgate._message import Message, Reject
-from ackgate._outcome import AdvanceItem, AdvanceOutcome, EventBatch
+from ackgate._outcome import AdvanceItem, AdvanceOutcome, AdvanceRun, EventBatch, IdRange
 from ackgate._producer import SharedStreamProducer
 from ackgate._retry import Retry
 from ackgate._service import Service, ServiceStats
@@ -34,11 +34,13 @@ __all__ = [
     "AdvanceFailed",
     "AdvanceItem",
     "AdvanceOutcome",
+    "AdvanceRun",
     "BoundBatch",
     "DeliveryCounts",
     "EventBatch",
     "GroupStats",
     "HandlerStats",
+    "IdRange",
     "Message",
     "Reject",
     "Retry",

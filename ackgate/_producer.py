@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Hashable, Sequence
 from typing import Any
 
 from ackgate._message import Message
-from ackgate._outcome import AdvanceItem, EventBatch
+from ackgate._outcome import AdvanceItem, AdvanceRun, EventBatch
 from ackgate._upstream import Upstream
 
 
@@ -110,6 +110,22 @@ class SharedStreamProducer(ABC):
         exception as ``__cause__``. Cancellation: not cancelled by ackgate once
         started, except when the manager's own task is cancelled.
         """
+
+    async def advance_runs(self, runs: Sequence[AdvanceRun]) -> None:
+        """Optional bulk form of :meth:`advance`: the same events, as runs.
+
+        A producer that overrides it is advanced through it instead of
+        :meth:`advance`. ``runs`` is non-empty, holds runs of one lane only, in
+        stream order, and together they are that lane's contiguous fully-resolved
+        prefix: everything :meth:`advance` promises about its batch holds for the
+        concatenation of the runs' events. Each :class:`~ackgate.AdvanceRun` gives
+        one outcome for its events and lists only the events whose outcome differs,
+        so a producer commits a clean run without looking at each event.
+
+        The default expands the runs into items and calls :meth:`advance`.
+        Raising and cancellation as in :meth:`advance`.
+        """
+        await self.advance([item for run in runs for item in run.items()])
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         """Return the ordering lane of ``broker_payload`` (default: one lane).

@@ -46,6 +46,7 @@ import sys
 import tempfile
 import time
 import uuid
+from types import SimpleNamespace
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -150,12 +151,13 @@ async def contract_floor(bootstrap: str, topic: str, messages: int) -> tuple[flo
     memory: dict[Any, list[int]] = {}
     clean = AdvanceOutcome(4, 0, 0)
     new_item = tuple.__new__  # the cheapest way to build one, as the core does
+    first_delivery = SimpleNamespace(attempt=1)
     volume = 0
 
     def per_record(records: list[Any]) -> None:
         nonlocal volume
         tp = TopicPartition(records[0].topic, records[0].partition)
-        batch = wrap_all(None, records, tp)
+        batch = wrap_all(None, records, tp, [first_delivery] * len(records))
         for record in records:
             memory.setdefault((tp.topic, tp.partition, record.offset), [0])[0] |= 15
         items = [new_item(AdvanceItem, (record, clean)) for record in records]
