@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from ackgate._message import Message
-from ackgate._outcome import AdvanceItem, EventBatch
+from ackgate._outcome import AdvanceItem, AdvanceRun, EventBatch
 from ackgate._producer import SharedStreamProducer
 from ackgate._upstream import Upstream
 
@@ -96,6 +96,24 @@ class MessageProducer(SharedStreamProducer):
             raise
         observe(len(batch), time.perf_counter() - start, None)
         self._owner.advanced(len(batch))
+
+    async def advance_runs(self, runs: Sequence[AdvanceRun]) -> None:
+        """The inner producer's ``advance_runs`` (its default expands the runs into one
+        ``advance``); raising or cancellation as there."""
+        events = sum(len(run.broker_payloads) for run in runs)
+        observe = self.observe_advance
+        if observe is None:
+            await self._inner.advance_runs(runs)
+            self._owner.advanced(events)
+            return
+        start = time.perf_counter()
+        try:
+            await self._inner.advance_runs(runs)
+        except BaseException as error:
+            observe(events, time.perf_counter() - start, error)
+            raise
+        observe(events, time.perf_counter() - start, None)
+        self._owner.advanced(events)
 
     async def aclose(self) -> None:
         """The inner producer's ``aclose``; it is awaited once, as the group awaits this."""

@@ -28,7 +28,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from ackgate._log import Event
-from ackgate._outcome import AdvanceItem, AdvanceOutcome
+from ackgate._outcome import AdvanceItem, AdvanceOutcome, AdvanceRun
 from ackgate._producer import SharedStreamProducer
 
 logger = logging.getLogger("ackgate.tracker")
@@ -55,6 +55,17 @@ _new_item = tuple.__new__
 def _item(payload: Any, outcome: AdvanceOutcome) -> AdvanceItem:
     # tuple.__new__ skips the NamedTuple's Python-level __new__: once per advanced event.
     return tuple.__new__(AdvanceItem, (payload, outcome))
+
+
+def _runs(items: list[AdvanceItem]) -> list[AdvanceRun]:
+    """``items`` as runs of equal outcomes, for a producer advanced by runs."""
+    runs: list[AdvanceRun] = []
+    start = 0
+    for index in range(1, len(items) + 1):
+        if index == len(items) or items[index][1] != items[start][1]:
+            runs.append(AdvanceRun([item[0] for item in items[start:index]], items[start][1]))
+            start = index
+    return runs
 
 
 class Lane:
@@ -138,6 +149,7 @@ class LaneTracker:
     async def _worker(self) -> None:
         producer = self.producer
         assert producer is not None
+        bulk = type(producer).advance_runs is not SharedStreamProducer.advance_runs
         ready = self._ready
         while True:
             while not ready:
@@ -174,7 +186,10 @@ class LaneTracker:
                     for e in batch
                 ]
             try:
-                await producer.advance(items)
+                if bulk:
+                    await producer.advance_runs(_runs(items))
+                else:
+                    await producer.advance(items)
             except asyncio.CancelledError as exc:
                 self.in_flight_calls -= 1
                 if asyncio.current_task().cancelling():  # type: ignore[union-attr]

@@ -80,3 +80,44 @@ def test_an_id_range_is_the_sequence_of_its_ids() -> None:
 def test_an_id_range_refuses_what_is_not_one(args: tuple[Any, ...], error: type[Exception]) -> None:
     with pytest.raises(error):
         IdRange(*args)
+
+
+class RunRecording(Recording):
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs: list[list[AdvanceRun]] = []
+
+    async def advance_runs(self, runs: Sequence[AdvanceRun]) -> None:
+        self.runs.append(list(runs))
+
+
+async def test_a_group_advances_a_producer_that_takes_runs_by_runs() -> None:
+    from ackgate import SharedStreamManager
+
+    class Feeding(RunRecording):
+        async def open_stream(self) -> Any:
+            for n in range(4):
+                yield f"e{n}", n
+
+    fed = Feeding()
+    async with (
+        SharedStreamManager() as manager,
+        manager.subscribe("k", "a", producer=lambda: fed) as sub,
+    ):
+        async for raw in sub:
+            if raw == "e1":
+                sub.reject("no")
+            if raw == "e3":
+                break
+    flat = [
+        (payload, run.outcome_of(index))
+        for runs in fed.runs
+        for run in runs
+        for index, payload in enumerate(run.broker_payloads)
+    ]
+    one = AdvanceOutcome(1, 0, 0)
+    assert [payload for payload, _ in flat] == [0, 1, 2, 3]
+    assert flat[0][1] == one
+    assert flat[1][1].rejected == 1 and flat[1][1].reasons == ("a: no",)
+    assert all(outcome == one for _, outcome in flat[2:])
+    assert fed.batches == []  # advance() itself is never called
