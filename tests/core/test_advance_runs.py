@@ -1,5 +1,6 @@
 """The bulk advance contract: AdvanceRun, IdRange and the default advance_runs."""
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -98,6 +99,7 @@ async def test_a_group_advances_a_producer_that_takes_runs_by_runs() -> None:
         async def open_stream(self) -> Any:
             for n in range(4):
                 yield f"e{n}", n
+            await asyncio.Event().wait()  # the upstream stays open
 
     fed = Feeding()
     async with (
