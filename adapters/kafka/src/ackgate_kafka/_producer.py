@@ -24,7 +24,18 @@ What each outcome does to the broker, per partition (the lane is ``(topic, parti
   fetches it (and everything after it) again. Nothing past a held offset is committed
   until a later delivery of it is acked or rejected.
 
-One ``commit`` call per ``advance`` batch, for the last committable offset.
+One ``commit`` call per advance call, for the last committable offset. ackgate
+advances this producer by runs (:meth:`~KafkaStreamProducer.advance_runs`): a run of
+events all acked (no exceptions, all fetched in the partition's current epoch) is
+committed past its last offset without looking at its events; a run with exceptions
+is decided event by event (:mod:`ackgate_kafka._advance`), as ``advance`` decides its
+items. Batches carry their ids as one :class:`ackgate.IdRange` when their offsets
+have no gap.
+
+The code: :mod:`ackgate_kafka._fetch` (the poll loop, chunks of a fetch),
+:mod:`ackgate_kafka._advance` (what an advance decides), :mod:`ackgate_kafka._commits`
+(ownership, commits, holds, the DLQ), :mod:`ackgate_kafka._partitions` (the state per
+partition) and :mod:`ackgate_kafka._offset_map` (the commit metadata).
 
 **The offset map** (:mod:`ackgate_kafka._offset_map`). Every commit's metadata records
 the offsets past the committed one that already advanced clean (acked by every
