@@ -53,12 +53,18 @@ class SqsFresh:
     def __init__(self, broker: SqsBroker) -> None:
         self.broker = broker
         self.endpoint_url = broker.endpoint_url
+        # One session for every client of this helper: a new session parses botocore's
+        # service and endpoint data again (a few tenths of a second each client). It
+        # holds no connection and nothing of an event loop; each client is its own.
+        self._session: Any = None
 
     def client(self) -> Any:
         """An aiobotocore SQS client context manager for this endpoint."""
-        from aiobotocore.session import get_session
+        if self._session is None:
+            from aiobotocore.session import get_session
 
-        return get_session().create_client(
+            self._session = get_session()
+        return self._session.create_client(
             "sqs",
             region_name=self.broker.region_name,
             endpoint_url=self.broker.endpoint_url,

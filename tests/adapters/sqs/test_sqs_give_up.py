@@ -5,16 +5,20 @@ attempts, and the count survives a process stop (the crash loop)."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
-
-import pytest
 
 from ackgate import Message, Service
 from ackgate_sqs import REASON_ATTRIBUTE, SqsStreamProducer
 
 from .sqs_support import REGION, SqsAdmin
+
+HERE = Path(__file__).resolve().parent
 
 
 def factory(sqs: SqsAdmin, url: str, **options: Any) -> Callable[[], SqsStreamProducer]:
@@ -71,46 +75,50 @@ async def test_a_message_that_always_fails_is_dead_lettered_after_give_up_after_
 
 
 async def test_a_message_that_stops_the_process_is_given_up_past_give_up_after(
-    sqs: SqsAdmin,
+    sqs: SqsAdmin, tmp_path: Path
 ) -> None:
-    """The crash loop: the handler never *fails* the message, the process stops on it
-    (here: ``run()`` is cancelled mid-call, and the message released). SQS counts the
-    receives across processes, so the third process gives up on it without a call."""
+    """The crash loop: the handler never *fails* the message, its process dies on it
+    (SIGKILL: no result, no release; SQS brings it back after the visibility timeout).
+    SQS counts the receives across processes, so the third process gives up on it
+    without a call.
+
+    A real death, not a cancelled ``run()``: a cancelled call is released at once, and
+    a broker whose long poll answers as soon as a message is visible (ElasticMQ, SQS)
+    hands it to the stopping process's poll in flight, a receive no handler sees."""
     url, dlq = await sqs.create_queue(), await sqs.create_queue()
     await sqs.send(url, ["deadly"])
-    calls: list[int | None] = []
-
-    def process() -> tuple[Service, asyncio.Event]:
-        service = Service("sqs", producer=factory(sqs, url, dlq_queue_url=dlq))
-        entered = asyncio.Event()
-
-        @service.handler("deadly", give_up_after=2)
-        async def deadly(message: Message) -> None:
-            calls.append(message.attempt)
-            entered.set()
-            await asyncio.Event().wait()  # the process "dies" here
-
-        return service, entered
-
-    for life in range(3):
-        service, entered = process()
+    command = [sys.executable, str(HERE / "crashloop_consumer.py"), sqs.endpoint]
+    command += [url, dlq, str(tmp_path), "2"]
+    for _ in range(2):
+        assert _run_to_death(command, tmp_path) == -signal.SIGKILL, "see err"
+    last = _start(command, tmp_path)
+    try:
         async with asyncio.timeout(60):
-            running = asyncio.create_task(service.run())
-            if life < 2:
-                await entered.wait()
-                running.cancel()
-                with pytest.raises(asyncio.CancelledError):
-                    await running
-                continue
             letters = await _received(sqs, dlq)
-            await service.stop()
-            await running
-    assert calls == [1, 2]
-    assert service.stats().handlers["deadly"].gave_up == 1
+    finally:
+        last.send_signal(signal.SIGTERM)
+        assert last.wait(timeout=30) == 0, (tmp_path / "err").read_text()
+    assert (tmp_path / "deadly.log").read_text().split() == ["1", "2"]
+    assert (tmp_path / "gave_up").read_text() == "1"
     assert letters[0]["Body"] == "deadly"
     assert letters[0]["MessageAttributes"][REASON_ATTRIBUTE]["StringValue"].startswith(
         "rejected by 1 of 1 subscribers; deadly: gave up after 2 attempts: not resolved"
     )
+
+
+def _start(command: list[str], workdir: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(command, stderr=(workdir / "err").open("ab"))
+
+
+def _run_to_death(command: list[str], workdir: Path) -> int:
+    """Run the consumer until it exits (it kills itself); its return code."""
+    process = _start(command, workdir)
+    try:
+        return process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 async def _received(sqs: SqsAdmin, url: str) -> list[dict[str, Any]]:
