@@ -1,4 +1,4 @@
-"""Redelivery memory (SPEC §13): who already acked which event id.
+"""Redelivery memory (SPEC §13): who already acked which event ids.
 
 A broker redelivers an event when it was not advanced clean: a Kafka partition
 held at an earlier offset refetches everything after it, an SQS/Pub/Sub/Service
@@ -6,41 +6,150 @@ Bus message whose handling failed for one subscriber comes back whole. The
 subscribers that acked the earlier copy (window closed, every output confirmed)
 are done with it; handing them the copy again only makes them redo the work.
 
-What is remembered, per group and for the group's life: for each of the last
-``capacity`` distinct event ids broadcast, the set of subscribers that acked it
-(any copy of it), as a bit mask over subscriber ids, and how many copies of it
-were broadcast (only a copy of an id seen before is checked at hand-out). Oldest
-ids are forgotten first; forgetting one only costs a duplicate delivery.
-Subscriber ids get a bit each the first time they join, for the group's life (a
-bit is never reused, so a remembered ack can never be credited to another
-subscriber); ids beyond the first ``_MAX_SUBSCRIBER_IDS`` of a group (dynamic
-groups with ever-new ids) get none and are always handed every copy. Rejections
-and failures are never remembered: a subscriber that did not ack is handed the copy.
+What is remembered, per group and for the group's life, for the most recent ids
+broadcast: the set of subscribers that acked them (any copy), as a bit mask over
+subscriber ids, and whether a copy was broadcast before (only a copy of an id seen
+before is checked at hand-out). Two forms, chosen by the ids a run comes with:
 
-Size: one dict entry, one deque slot and one two-item list per remembered id, plus
-the id itself (``benchmarks/redelivery_memory.py`` measures the bytes per id).
+* **spans**, for runs whose ids count up by one (:class:`~ackgate.IdRange`, Kafka
+  offsets): one record per run, ``[first, stop)`` with one mask; a subscriber that
+  acked every event of the run sets its bit once. A later copy is covered for a
+  subscriber when the spans carrying its bit cover all of the copy's ids. About
+  150 bytes per run: under 1 byte per id for Kafka's fetches.
+* **cells**, for any other ids: one ``[mask, copies]`` cell per id.
+
+With cells, a subscriber's bit is set on each id it acked, as it acks it. A span
+is marked only once a subscriber acked its whole part in the run: one that
+rejected or failed any event of the run is not remembered for it, nor one still
+busy with the rest of the run (a duplicate later, at worst).
+
+Capacity: the most recent ``capacity`` ids in each form; oldest are forgotten
+first, and forgetting only costs a duplicate delivery. Subscriber ids get a bit
+each the first time they join, for the group's life (a bit is never reused, so a
+remembered ack can never be credited to another subscriber); ids beyond the first
+``_MAX_SUBSCRIBER_IDS`` of a group get none and are always handed every copy.
+``benchmarks/redelivery_memory.py`` measures the bytes per id.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
+from operator import attrgetter
+
+from ackgate._outcome import IdRange
 
 _MAX_SUBSCRIBER_IDS = 1024
 
+_first = attrgetter("first")
+
+
+class Remembered:
+    """What a run knows of its ids: whether any was broadcast before, who acked
+    every one of them (perhaps through an earlier copy), and how to remember an ack."""
+
+    __slots__ = ("redelivered",)
+
+    redelivered: bool
+
+    def acked_by(self, flag: int) -> bool:
+        """Whether the subscriber with bit ``flag`` acked a copy of every id."""
+        raise NotImplementedError
+
+    def ack(self, flag: int) -> None:
+        """The subscriber with bit ``flag`` acked the run: every one of its ids."""
+        raise NotImplementedError
+
+    def ack_some(self, indexes: Iterable[int], flag: int) -> None:
+        """The subscriber with bit ``flag`` acked the events at ``indexes`` of the run
+        before the rest of it. Remembered per id where ids are cells; a span
+        remembers only whole runs (``ack``)."""
+
+
+class _OneCell(Remembered):
+    """A run of one event with an id: its cell, ``[mask, copies]``."""
+
+    __slots__ = ("cell",)
+
+    def __init__(self, cell: list[int]) -> None:
+        self.cell = cell
+        self.redelivered = cell[1] > 1
+
+    def acked_by(self, flag: int) -> bool:
+        return bool(self.cell[0] & flag)
+
+    def ack(self, flag: int) -> None:
+        self.cell[0] |= flag
+
+
+class _Cells(Remembered):
+    """A run of several events whose ids are not a range: one cell per id."""
+
+    __slots__ = ("cells",)
+
+    def __init__(self, cells: list[list[int]]) -> None:
+        self.cells = cells
+        self.redelivered = any(cell[1] > 1 for cell in cells)
+
+    def acked_by(self, flag: int) -> bool:
+        return all(cell[0] & flag for cell in self.cells)
+
+    def ack(self, flag: int) -> None:
+        for cell in self.cells:
+            cell[0] |= flag
+
+    def ack_some(self, indexes: Iterable[int], flag: int) -> None:
+        cells = self.cells
+        for index in indexes:
+            cells[index][0] |= flag
+
+
+class _Span:
+    """Ids ``(*prefix, first) .. (*prefix, stop - 1)`` and who acked all of them."""
+
+    __slots__ = ("first", "mask", "prefix", "stop")
+
+    def __init__(self, prefix: tuple[Hashable, ...], first: int, stop: int) -> None:
+        self.prefix = prefix
+        self.first = first
+        self.stop = stop
+        self.mask = 0
+
+
+class _Spanned(Remembered):
+    """A run whose ids are a range: its span, and the memory to look copies up in."""
+
+    __slots__ = ("memory", "span")
+
+    def __init__(self, memory: RedeliveryMemory, span: _Span, redelivered: bool) -> None:
+        self.memory = memory
+        self.span = span
+        self.redelivered = redelivered
+
+    def acked_by(self, flag: int) -> bool:
+        span = self.span
+        if span.mask & flag:
+            return True
+        return self.memory.covered(span.prefix, span.first, span.stop, flag)
+
+    def ack(self, flag: int) -> None:
+        self.span.mask |= flag
+
 
 class RedeliveryMemory:
-    """Acked subscriber bits per event id, for the ``capacity`` most recent ids.
+    """Acked subscriber bits for the most recent ``capacity`` ids of each form."""
 
-    Each id has a *cell*, a two-item list ``[mask, copies]``: the bits of the
-    subscribers that acked a copy of it, and how many copies of it were broadcast,
-    made when an event with that id is first broadcast. The event keeps a reference
-    to its cell, so a subscriber's ack costs one ``|=`` on it, not a lookup by id; a
-    later copy of the id is handed the same cell, so an ack of any copy counts for
-    all of them.
-    """
-
-    __slots__ = ("_bits", "_capacity", "_cells", "_order")
+    __slots__ = (
+        "_bits",
+        "_capacity",
+        "_cells",
+        "_longest",
+        "_order",
+        "_span_ids",
+        "_spans",
+        "_spans_order",
+    )
 
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
@@ -48,10 +157,21 @@ class RedeliveryMemory:
         #: oldest first (at most ``capacity`` of them after each call).
         self._cells: dict[Hashable, list[int]] = {}
         self._order: deque[Hashable] = deque()
+        #: Spans by prefix, each list sorted by ``first``. Invariant: the spans in
+        #: these lists are exactly those of ``_spans_order`` (oldest first), and
+        #: ``_span_ids`` is the sum of their lengths (at most ``capacity`` after
+        #: each call, but for the newest span).
+        self._spans: dict[tuple[Hashable, ...], list[_Span]] = {}
+        self._spans_order: deque[_Span] = deque()
+        self._span_ids = 0
+        #: The longest span ever remembered: spans starting before ``first -
+        #: _longest`` cannot reach ``first``.
+        self._longest = 0
         self._bits: dict[Hashable, int] = {}
 
     def __len__(self) -> int:
-        return len(self._cells)
+        """Ids remembered, in both forms."""
+        return len(self._cells) + self._span_ids
 
     def bit(self, subscriber_id: Hashable) -> int | None:
         """The bit of ``subscriber_id`` (``None``: past the limit, never remembered)."""
@@ -60,15 +180,54 @@ class RedeliveryMemory:
             bit = self._bits[subscriber_id] = len(self._bits)
         return bit
 
+    def remember(self, event_ids: Sequence[Hashable]) -> Remembered:
+        """The record of a run with ``event_ids`` (one per event), made now: each id
+        counts one more copy broadcast."""
+        if type(event_ids) is IdRange:
+            return self._spanned(event_ids)
+        cells = self.cells(event_ids)
+        if len(cells) == 1:
+            return _OneCell(cells[0])
+        return _Cells(cells)
+
+    def run_length(self, event_ids: Sequence[Hashable], start: int, limit: int) -> int:
+        """How many of ``event_ids[start:start + limit]`` (``limit >= 1``) may form one
+        run: the events of a run must be alike for every subscriber at hand-out (a
+        subscriber is handed all of a run or none of it). Ids never seen before are
+        alike; an id seen before is a run alone, or, for an :class:`IdRange`, the
+        stretch up to the next edge of a remembered span."""
+        if type(event_ids) is IdRange:
+            first = event_ids.first + start
+            stop = first + limit
+            spans = self._spans.get(event_ids.prefix)
+            if not spans:
+                return limit
+            edge = stop
+            for index in range(bisect_left(spans, first - self._longest, key=_first), len(spans)):
+                span = spans[index]
+                if span.first >= edge:
+                    break
+                if span.first > first:
+                    edge = span.first
+                elif span.stop > first:
+                    edge = min(edge, span.stop)
+            return edge - first
+        cells = self._cells
+        if event_ids[start] in cells:
+            return 1
+        fresh = {event_ids[start]}
+        for offset in range(1, limit):
+            event_id = event_ids[start + offset]
+            if event_id in cells or event_id in fresh:
+                return offset
+            fresh.add(event_id)
+        return limit
+
     def cells(self, event_ids: Sequence[Hashable]) -> list[list[int]]:
         """The cell of each of ``event_ids``, made (and remembered) for new ids;
-        each id counts one more copy broadcast.
-
-        A cell's mask is what the subscribers acked of earlier copies so far, and
-        ``copies > 1`` once the event is a redelivered copy (SPEC §13). Forgets the
-        oldest ids beyond ``capacity``; an event keeps its cell meanwhile, and acks
-        on a forgotten cell are simply not remembered (a duplicate later, at worst).
-        """
+        each id counts one more copy broadcast. Forgets the oldest ids beyond
+        ``capacity``; a run keeps its cells meanwhile, and acks on a forgotten cell
+        are simply not remembered (a duplicate later, at worst)."""
         cells = self._cells
         order = self._order
         found: list[list[int]] = []
@@ -83,3 +242,54 @@ class RedeliveryMemory:
         for _ in range(len(order) - self._capacity):
             del cells[order.popleft()]
         return found
+
+    def _spanned(self, ids: IdRange) -> _Spanned:
+        prefix, first = ids.prefix, ids.first
+        stop = first + ids.length
+        spans = self._spans.get(prefix)
+        if spans is None:
+            spans = self._spans[prefix] = []
+        at = bisect_left(spans, first - self._longest, key=_first)
+        redelivered = False
+        for index in range(at, len(spans)):
+            span = spans[index]
+            if span.first >= stop:
+                break
+            if span.stop > first:
+                redelivered = True
+                if span.first == first and span.stop == stop:
+                    return _Spanned(self, span, True)  # the same run fetched again
+        span = _Span(prefix, first, stop)
+        spans.insert(bisect_right(spans, first, key=_first), span)
+        self._longest = max(self._longest, stop - first)
+        self._spans_order.append(span)
+        self._span_ids += stop - first
+        while self._span_ids > self._capacity and len(self._spans_order) > 1:
+            self._forget(self._spans_order.popleft())
+        return _Spanned(self, span, redelivered)
+
+    def _forget(self, span: _Span) -> None:
+        spans = self._spans[span.prefix]
+        at = bisect_left(spans, span.first, key=_first)
+        while spans[at] is not span:
+            at += 1
+        del spans[at]
+        if not spans:
+            del self._spans[span.prefix]
+        self._span_ids -= span.stop - span.first
+
+    def covered(self, prefix: tuple[Hashable, ...], first: int, stop: int, flag: int) -> bool:
+        """Whether the spans carrying ``flag`` cover every id ``first .. stop - 1``."""
+        spans = self._spans.get(prefix)
+        if not spans:
+            return False
+        reach = first
+        for index in range(bisect_left(spans, first - self._longest, key=_first), len(spans)):
+            span = spans[index]
+            if span.first > reach:
+                return False  # sorted by ``first``: nothing later starts early enough
+            if span.mask & flag and span.stop > reach:
+                reach = span.stop
+                if reach >= stop:
+                    return True
+        return False
