@@ -2,6 +2,9 @@
 
 >>> producer = ScriptedProducer(lane=lambda payload: payload % 2)
 >>> producer.feed("event-0", 0)  # broadcast once a group polls it
+
+:class:`ScriptedRunsProducer` is the same producer advanced by runs (it overrides
+``advance_runs``), for testing code on the path a bulk adapter such as Kafka's takes.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from typing import Any
 
-from ackgate._outcome import AdvanceItem
+from ackgate._outcome import AdvanceItem, AdvanceRun
 from ackgate._producer import SharedStreamProducer
 
 _END = object()
@@ -31,6 +34,8 @@ class ScriptedProducer(SharedStreamProducer):
         self._items: asyncio.Queue[Any] | None = None
         self._pending: list[Any] = []
         self.batches: list[list[AdvanceItem]] = []
+        #: One entry per ``advance_runs`` call, as given (:class:`ScriptedRunsProducer`).
+        self.runs: list[list[AdvanceRun]] = []
         self.advance_error: BaseException | None = None
         self.advance_gate: asyncio.Event | None = None
         self.in_flight = 0
@@ -94,6 +99,11 @@ class ScriptedProducer(SharedStreamProducer):
         return None if self._lane is None else self._lane(broker_payload)
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        await self._advanced(list(batch), None)
+
+    async def _advanced(self, items: list[AdvanceItem], runs: list[AdvanceRun] | None) -> None:
+        """Record one advance call (``runs`` when it came by ``advance_runs``), after
+        ``advance_gate`` and ``advance_error`` had their say."""
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
@@ -102,7 +112,9 @@ class ScriptedProducer(SharedStreamProducer):
             if self.advance_error is not None:
                 error, self.advance_error = self.advance_error, None
                 raise error
-            self.batches.append(list(batch))
+            self.batches.append(items)
+            if runs is not None:
+                self.runs.append(runs)
         finally:
             self.in_flight -= 1
         async with self.advanced:
@@ -123,6 +135,24 @@ class ScriptedProducer(SharedStreamProducer):
 
     async def aclose(self) -> None:
         self.closed += 1
+
+
+class ScriptedRunsProducer(ScriptedProducer):
+    """:class:`ScriptedProducer` advanced by runs: it overrides ``advance_runs``, so a
+    group hands it :class:`~ackgate.AdvanceRun` s instead of calling ``advance``.
+
+    Each call's runs are appended to ``runs`` as given; ``batches`` (and so
+    ``advanced_payloads``, ``advanced_count``, ``wait_advanced``) still get one list
+    of items per call, the runs expanded, so a test reads either. ``advance_error``
+    and ``advance_gate`` work as for ``advance``.
+
+    >>> producer = ScriptedRunsProducer()
+    >>> producer.feed("event-0", 0)
+    """
+
+    async def advance_runs(self, runs: Sequence[AdvanceRun]) -> None:
+        runs = list(runs)
+        await self._advanced([item for run in runs for item in run.items()], runs)
 
 
 class FakeClock:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from ackgate import (
     AdvanceItem,
     AdvanceOutcome,
+    AdvanceRun,
     EventBatch,
     SharedStreamManager,
     SharedStreamProducer,
@@ -50,6 +52,10 @@ class BrokerHarness(ABC):
     timeout: float = TIMEOUT
     """Seconds a check may take (and the ack timeout of its manager); a check that
     runs out fails with ``TimeoutError``."""
+
+    advanced_by: str | None = None
+    """Set by the checks: the method the group advanced the adapter's producer through
+    (``"advance"``, or ``"advance_runs"`` when its class overrides it)."""
 
     async def setup(self) -> None:  # noqa: B027 - optional hook
         """Create the source and the DLQ; called once, before the check publishes."""
@@ -87,6 +93,14 @@ class BrokerHarness(ABC):
         return SharedStreamManager(ack_timeout=self.timeout, max_concurrent_advances=len(LANES))
 
 
+def advance_path(producer: SharedStreamProducer) -> str:
+    """``"advance_runs"`` when a group advances ``producer`` by runs (its class overrides
+    ``advance_runs``), else ``"advance"``."""
+    if type(producer).advance_runs is not SharedStreamProducer.advance_runs:
+        return "advance_runs"
+    return "advance"
+
+
 @dataclass(frozen=True)
 class Advanced:
     """One item ackgate handed to ``advance``, after the adapter's ``advance`` returned."""
@@ -101,11 +115,16 @@ class AdvanceLog:
 
     It also holds what each subscriber of the running group finished handling, and
     records every clean advance of a body some subscriber had not finished handling
-    in ``unearned`` (checked by :func:`check_cancel_and_restart`).
+    in ``unearned`` (checked by :func:`check_cancel_and_restart`). ``calls`` counts
+    the adapter's advance calls by the method the group called (``"advance"`` or
+    ``"advance_runs"``); ``path`` is the one the adapter's producer is advanced
+    through (:func:`advance_path`), set when the first producer is made.
     """
 
     def __init__(self) -> None:
         self.items: list[Advanced] = []
+        self.calls: Counter[str] = Counter()
+        self.path: str | None = None
         self.handled: dict[str, set[str]] = {sid: set() for sid in SUBSCRIBERS}
         self.unearned: list[Advanced] = []
         self._changed = asyncio.Condition()
@@ -113,7 +132,8 @@ class AdvanceLog:
     def new_group(self) -> None:
         self.handled = {sid: set() for sid in SUBSCRIBERS}
 
-    async def add(self, items: list[Advanced]) -> None:
+    async def add(self, items: list[Advanced], path: str = "advance") -> None:
+        self.calls[path] += 1
         for item in items:
             if item.outcome.is_clean and not all(
                 item.body in handled for handled in self.handled.values()
@@ -129,6 +149,13 @@ class AdvanceLog:
 
     def clean(self) -> set[str]:
         return {item.body for item in self.items if item.outcome.is_clean}
+
+    def check_path(self) -> None:
+        """Every advance went through the method the adapter's producer is advanced by."""
+        assert set(self.calls) == {self.path}, (
+            f"the group advanced through {dict(self.calls)}; the adapter's producer is "
+            f"advanced through {self.path}"
+        )
 
 
 class RecordingProducer(SharedStreamProducer):
@@ -177,6 +204,23 @@ class RecordingProducer(SharedStreamProducer):
         await self._inner.aclose()
 
 
+class RunsRecordingProducer(RecordingProducer):
+    """:class:`RecordingProducer` for an adapter advanced by runs: it overrides
+    ``advance_runs`` too, so the group advances it by runs, as it would the adapter."""
+
+    async def advance_runs(self, runs: Sequence[AdvanceRun]) -> None:
+        await self._inner.advance_runs(runs)
+        pending = self._pending
+        done = [
+            (pending.pop(id(payload)), run.outcome_of(index))
+            for run in runs
+            for index, payload in enumerate(run.broker_payloads)
+        ]
+        await self._log.add(
+            [Advanced(body, lane, outcome) for (_, body, lane), outcome in done], "advance_runs"
+        )
+
+
 class BatchRecordingProducer(RecordingProducer):
     """:class:`RecordingProducer` for an adapter that yields ``EventBatch`` es: the group
     reads its batches, as it would the adapter's, so the checks run on that path."""
@@ -194,13 +238,26 @@ class BatchRecordingProducer(RecordingProducer):
                 await aclose()
 
 
+class BatchRunsRecordingProducer(BatchRecordingProducer, RunsRecordingProducer):
+    """Both: an adapter that yields ``EventBatch`` es and is advanced by runs (Kafka)."""
+
+
+_WRAPPERS: dict[tuple[bool, bool], type[RecordingProducer]] = {
+    (False, False): RecordingProducer,
+    (True, False): BatchRecordingProducer,
+    (False, True): RunsRecordingProducer,
+    (True, True): BatchRunsRecordingProducer,
+}
+
+
 def recording(
     inner: SharedStreamProducer, harness: BrokerHarness, log: AdvanceLog
 ) -> RecordingProducer:
-    """The recording wrapper for ``inner``, reading it the way a group would."""
-    if type(inner).open_stream_batches is not SharedStreamProducer.open_stream_batches:
-        return BatchRecordingProducer(inner, harness, log)
-    return RecordingProducer(inner, harness, log)
+    """The recording wrapper for ``inner``, reading and advancing it the way a group
+    would; ``log.path`` says which advance method that is."""
+    batches = type(inner).open_stream_batches is not SharedStreamProducer.open_stream_batches
+    log.path = harness.advanced_by = advance_path(inner)
+    return _WRAPPERS[batches, log.path == "advance_runs"](inner, harness, log)
 
 
 def interleaved(per_lane: int) -> list[tuple[str, str]]:
@@ -300,4 +357,5 @@ async def run_once(
         seen = await run_group(harness, log, done, on_event)
         assert await harness.unadvanced() == 0
     assert not log.unearned, log.unearned
+    log.check_path()
     return Run(seen, log)

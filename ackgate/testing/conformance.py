@@ -33,6 +33,11 @@ when the adapter yields batches) and what the broker holds:
   group starts on the same source: nothing is lost, and nothing is advanced clean
   that every subscriber had not finished handling.
 
+Every check also asserts that the group advanced the adapter the way its class asks
+for: through ``advance_runs`` when the adapter overrides it (Kafka), else through
+``advance`` (:attr:`BrokerHarness.advanced_by` says which; each test prints it). A
+bulk adapter is therefore checked on the path it runs in production.
+
 The checks need no pytest and may be awaited directly; :class:`ConformanceSuite`
 runs each in its own event loop (``asyncio.run``), so the harness fixture must be
 synchronous and create broker resources in :meth:`BrokerHarness.setup`.
@@ -56,6 +61,7 @@ from ackgate.testing._harness import (
     Crash,
     RecordingProducer,
     Run,
+    advance_path,
     interleaved,
     run_group,
     run_once,
@@ -74,6 +80,7 @@ __all__ = [
     "Crash",
     "RecordingProducer",
     "Run",
+    "advance_path",
     "check_cancel_and_restart",
     "check_failed_is_redelivered",
     "check_nothing_lost",
@@ -235,6 +242,7 @@ async def check_cancel_and_restart(harness: BrokerHarness) -> None:
         assert await harness.unadvanced() == 0
     assert log.clean() == bodies
     assert not log.unearned, log.unearned
+    log.check_path()
 
 
 CHECKS: dict[str, Callable[[BrokerHarness], Awaitable[None]]] = {
@@ -267,6 +275,8 @@ class ConformanceSuite:
     @staticmethod
     def _check(name: str, harness: BrokerHarness) -> None:
         asyncio.run(run_check(CHECKS[name], harness))
+        # Shown by pytest -rP (and with a failure's output): which advance path ran.
+        print(f"conformance {name}: advanced through {harness.advanced_by}")
 
     def test_nothing_lost(self, harness: BrokerHarness) -> None:
         self._check("nothing_lost", harness)

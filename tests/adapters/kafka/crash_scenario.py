@@ -123,11 +123,17 @@ def indexed(workdir: Path) -> set[tuple[int, int]]:
     path = workdir / "index.db"
     if not path.exists():
         return set()
-    db = sqlite3.connect(path)
+    # The consumer writes while we read: wait for its lock rather than fail the read.
+    db = sqlite3.connect(path, timeout=60)
     try:
         return {(p, o) for p, o in db.execute("SELECT partition, offset FROM events")}
-    except sqlite3.OperationalError:  # the table is not created yet
-        return set()
+    except sqlite3.OperationalError as exc:
+        # Only a missing table means "nothing stored yet". Any other error (a lock held
+        # too long) must not read as an empty index: the invariant check would then
+        # report every committed message as unstored.
+        if "no such table" in str(exc):
+            return set()
+        raise
     finally:
         db.close()
 

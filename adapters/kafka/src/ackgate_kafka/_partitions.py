@@ -79,14 +79,15 @@ class PartitionState:
     # committed in it, so a revoke has nothing to wait for.
     refused: bool = False
 
-    def count_deliveries(self, records: Sequence[Any]) -> tuple[list[int], bool]:
+    def count_deliveries(self, records: Sequence[Any]) -> list[int] | None:
         """Count one more delivery of each record (in offset order); return their attempt
-        numbers and whether any of them was delivered before."""
+        numbers, or ``None`` when this is the first delivery of every one of them (the
+        common case, answered without looking at each record)."""
         seen, counts = self.seen_next, self.counts
         last = records[-1].offset + 1
         if records[0].offset >= seen and not counts:
             self.seen_next = last
-            return [1] * len(records), False
+            return None
         attempts = []
         for record in records:
             offset = record.offset
@@ -95,7 +96,7 @@ class PartitionState:
                 counts[offset] = n
             attempts.append(n)
         self.seen_next = max(seen, last)
-        return attempts, max(attempts) > 1
+        return attempts if max(attempts) > 1 else None
 
     def load(self, committed: int | None, offset_map: OffsetMap | None) -> None:
         """Start this assignment from the broker's commit and its (trusted) map."""
@@ -123,9 +124,12 @@ class PartitionState:
                 return records[: i or 1]
         return records
 
-    def finish(self, offset: int) -> None:
-        if self.committed_next is None or offset > self.committed_next:
-            self.finished.add(offset)
+    def finish(self, start: int, end: int) -> None:
+        """Record the offsets ``[start, end)`` as finished, those past the commit only."""
+        if self.committed_next is not None:
+            start = max(start, self.committed_next + 1)
+        if start < end:
+            self.finished.add_run(start, end)
 
     def committed(self, offset: int) -> None:
         self.committed_next = offset

@@ -24,7 +24,18 @@ What each outcome does to the broker, per partition (the lane is ``(topic, parti
   fetches it (and everything after it) again. Nothing past a held offset is committed
   until a later delivery of it is acked or rejected.
 
-One ``commit`` call per ``advance`` batch, for the last committable offset.
+One ``commit`` call per advance call, for the last committable offset. ackgate
+advances this producer by runs (:meth:`~KafkaStreamProducer.advance_runs`): a run of
+events all acked (no exceptions, all fetched in the partition's current epoch) is
+committed past its last offset without looking at its events; a run with exceptions
+is decided event by event (:mod:`ackgate_kafka._advance`), as ``advance`` decides its
+items. Batches carry their ids as one :class:`ackgate.IdRange` when their offsets
+have no gap.
+
+The code: :mod:`ackgate_kafka._fetch` (the poll loop, chunks of a fetch),
+:mod:`ackgate_kafka._advance` (what an advance decides), :mod:`ackgate_kafka._commits`
+(ownership, commits, holds, the DLQ), :mod:`ackgate_kafka._partitions` (the state per
+partition) and :mod:`ackgate_kafka._offset_map` (the commit metadata).
 
 **The offset map** (:mod:`ackgate_kafka._offset_map`). Every commit's metadata records
 the offsets past the committed one that already advanced clean (acked by every
@@ -108,58 +119,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncGenerator, Hashable, Iterable, Sequence
+from collections.abc import AsyncGenerator, Hashable, Sequence
 from typing import Any
 
-from ackgate import AdvanceItem, AdvanceOutcome, EventBatch, Message, SharedStreamProducer
-from ackgate_kafka._dead_letter import SHARED_CONNECTION_OPTIONS, dead_letter_headers
-from ackgate_kafka._membership import MembershipKeeper
+from ackgate import EventBatch, Message
+from ackgate_kafka._fetch import Fetcher, event_ids
 from ackgate_kafka._message import check_value, wrap, wrap_all
-from ackgate_kafka._offset_map import OffsetRuns, decode, encode
-from ackgate_kafka._outage import OutageWatch
-from ackgate_kafka._partitions import Delivery, PartitionState
 
 log = logging.getLogger("ackgate.adapters.kafka")
 
-_POLL_TIMEOUT_MS = 1000
-# Records per EventBatch: big enough to amortize the group's per-batch step, small
-# enough that a hold or revoke stops a fetch's stale rest between batches.
-_BATCH_RECORDS = 256
-_DEFAULT_MAX_POLL_INTERVAL_MS = 300_000  # aiokafka's default
 
-
-def _import_aiokafka() -> Any:
-    try:
-        import aiokafka
-        import aiokafka.abc
-        import aiokafka.errors
-    except ImportError as exc:
-        raise ImportError("ackgate-kafka needs aiokafka: pip install 'ackgate[kafka]'") from exc
-    # Virtual subclass: aiokafka checks the listener with isinstance, and importing the
-    # ABC at module level would make aiokafka a hard dependency of this module.
-    aiokafka.abc.ConsumerRebalanceListener.register(_RebalanceListener)
-    return aiokafka
-
-
-class _RebalanceListener:
-    """aiokafka's rebalance callbacks, forwarded to the producer (awaited by aiokafka)."""
-
-    def __init__(self, owner: KafkaStreamProducer) -> None:
-        self._owner = owner
-
-    async def on_partitions_revoked(self, revoked: Iterable[Any]) -> None:
-        await self._owner._on_revoked(revoked)
-
-    async def on_partitions_assigned(self, assigned: Iterable[Any]) -> None:
-        assigned = list(assigned)
-        for tp in assigned:
-            self._owner._own(tp)
-        keeper = self._owner._keeper
-        if keeper is not None:
-            keeper.assigned(assigned)
-
-
-class KafkaStreamProducer(SharedStreamProducer):
+class KafkaStreamProducer(Fetcher):
     """Consume ``topics`` as consumer group ``group_id``; commit only what all subscribers resolved.
 
     ``consumer_options`` pass through to ``aiokafka.AIOKafkaConsumer`` (security
@@ -212,17 +182,14 @@ class KafkaStreamProducer(SharedStreamProducer):
         self._dlq_topic = dlq_topic
         self._drain_timeout = rebalance_drain_timeout
         self._options = consumer_options
-        self._consumer: Any = None
-        self._dlq: Any = None
-        self._errors: Any = None
-        self._partitions: dict[Any, PartitionState] = {}
+        self._consumer = None
+        self._dlq = None
+        self._errors = None
+        self._partitions = {}
         self._epochs = itertools.count(1)
-        # Held around every ownership check that is followed by a commit or seek, so a
-        # revoke can never complete between the check and the broker call.
         self._lock = asyncio.Lock()
-        # Set after every commit or hold; a draining revoke waits on it.
         self._progress = asyncio.Event()
-        self._keeper: MembershipKeeper | None = None
+        self._keeper = None
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         tp: Hashable = broker_payload.tp
@@ -262,7 +229,7 @@ class KafkaStreamProducer(SharedStreamProducer):
         """
         chunks = self._chunks()
         try:
-            async for part, epoch, deliveries in chunks:
+            async for _, part, epoch, _, deliveries in chunks:
                 for delivery in deliveries:
                     # A hold or revoke while we were suspended at a yield makes the
                     # rest of this fetch stale: the seek / the owner after the
@@ -278,298 +245,22 @@ class KafkaStreamProducer(SharedStreamProducer):
     async def open_stream_batches(self) -> AsyncGenerator[EventBatch, None]:
         """:meth:`open_stream` by partition batch: :class:`ackgate.EventBatch` es of up
         to 256 records of one partition of a fetch (the records, their deliveries,
-        the partition as lane and ``(topic, partition, offset)`` ids). Between
+        the partition as lane and ``(topic, partition, offset)`` ids: an
+        :class:`ackgate.IdRange` when the batch's offsets have no gap, one tuple per
+        record otherwise). Between
         batches it stops, as :meth:`open_stream` does between records, once the
         partition was held or revoked meanwhile, so a rebalance waits for at most
         one stale batch per partition. Errors and cancellation as in
         :meth:`open_stream`."""
         chunks = self._chunks()
+        new_batch = tuple.__new__
         try:
-            async for part, _, deliveries in chunks:
-                tp = deliveries[0].tp
-                topic, partition = tp.topic, tp.partition
-                records = [delivery.record for delivery in deliveries]
+            async for tp, part, _, records, deliveries in chunks:
                 part.yielded_next = records[-1].offset + 1
-                yield EventBatch(
-                    records,
-                    deliveries,
-                    tp,
-                    [(topic, partition, record.offset) for record in records],
-                )
+                # tuple.__new__ skips the NamedTuple's Python-level __new__: once per chunk.
+                yield new_batch(EventBatch, (records, deliveries, tp, event_ids(tp, records)))
         finally:
             await chunks.aclose()
-
-    async def _chunks(self) -> AsyncGenerator[tuple[PartitionState, int, list[Delivery]], None]:
-        """``(partition, epoch, deliveries)`` for up to 256 records of one partition of a
-        fetch at a time, counted as delivered (``Delivery.attempt``), finished offsets
-        (the offset map) left out. Stops a partition's fetch, between chunks, once it was
-        held or revoked meanwhile.
-
-        Before a chunk that redelivers an offset, or the first chunk of an assignment, a
-        commit at the committed offset records the new counts in its metadata, so a
-        process that dies on the chunk's messages counts up on its next start.
-
-        An offset that earlier lives delivered twice or more without finishing it (a
-        crash loop, ``PartitionState.careful``) is yielded alone, and nothing after it
-        until it is committed past (or held, or revoked): the next life then knows which
-        offset the process died on, and the offsets around it do not count up with it.
-        """
-        batches = self._partition_batches()
-        new_delivery = tuple.__new__
-        try:
-            async for tp, part, epoch, fetched in batches:
-                at = 0
-                while at < len(fetched):
-                    if part.epoch != epoch or part.draining:
-                        break
-                    records = fetched[at : at + _BATCH_RECORDS]
-                    if part.careful:
-                        records = part.careful_piece(records)
-                    at += len(records)
-                    if part.finished:
-                        records = [r for r in records if r.offset not in part.finished]
-                        if not records:
-                            continue
-                    attempts, redelivered = part.count_deliveries(records)
-                    if redelivered or part.announce:
-                        await self._record_deliveries(tp, part, epoch, fetched[0].offset)
-                        if part.epoch != epoch or part.draining:
-                            break
-                    yield (
-                        part,
-                        epoch,
-                        [
-                            new_delivery(Delivery, (tp, record, epoch, attempt))
-                            for record, attempt in zip(records, attempts, strict=True)
-                        ],
-                    )
-                    offset = records[0].offset
-                    if offset in part.careful:
-                        await self._committed_past(part, epoch, offset)
-                        part.careful.discard(offset)
-        finally:
-            await batches.aclose()
-
-    async def _partition_batches(
-        self,
-    ) -> AsyncGenerator[tuple[Any, PartitionState, int, Any], None]:
-        """Join the group and yield ``(tp, partition, epoch, records)`` per partition of
-        every fetch, skipping a partition whose epoch moved on (a hold or revoke
-        while the caller was suspended) or that is draining."""
-        aiokafka = _import_aiokafka()
-        if self._consumer is not None:
-            raise RuntimeError("KafkaStreamProducer.open_stream() may be called only once")
-        self._errors = aiokafka.errors
-        self._consumer = aiokafka.AIOKafkaConsumer(
-            bootstrap_servers=self._bootstrap_servers,
-            group_id=self._group_id,
-            enable_auto_commit=False,
-            **self._options,
-        )
-        self._consumer.subscribe(self._topics, listener=_RebalanceListener(self))
-        if self._dlq_topic is not None:
-            shared = {k: v for k, v in self._options.items() if k in SHARED_CONNECTION_OPTIONS}
-            self._dlq = aiokafka.AIOKafkaProducer(
-                bootstrap_servers=self._bootstrap_servers, acks="all", **shared
-            )
-        try:
-            await self._consumer.start()
-            if self._dlq is not None:
-                await self._dlq.start()
-        except aiokafka.errors.KafkaError as exc:
-            raise self._translate(exc, "could not join the consumer group") from exc
-        log.info("Kafka consumer started group=%s topics=%s", self._group_id, self._topics)
-        self.upstream_back()  # joined: the cluster answers (a no-op unless it was lost)
-        keeper = self._keeper = MembershipKeeper(
-            self._consumer,
-            aiokafka.errors,
-            self._options.get("max_poll_interval_ms", _DEFAULT_MAX_POLL_INTERVAL_MS),
-            self._group_id,
-        )
-        keeper.start()
-        watch = OutageWatch(self._consumer, self, self._bootstrap_servers)
-        watch.start()
-        try:
-            while True:
-                try:
-                    # Once per fetch, never per record: the keeper may have polled
-                    # while we were suspended at a yield; it stops before we poll.
-                    if keeper.keeping or keeper.error is not None:
-                        await keeper.wake()
-                    keeper.fetch_started()
-                    try:
-                        fetched = await self._consumer.getmany(timeout_ms=_POLL_TIMEOUT_MS)
-                    finally:
-                        keeper.fetch_ended()
-                except aiokafka.errors.KafkaError as exc:
-                    log.error("Kafka poll failed group=%s: %r", self._group_id, exc)
-                    raise self._translate(exc, "poll failed") from exc
-                # Epochs as of the fetch, for every partition in it: a partition revoked
-                # (and maybe assigned back) while we yielded an earlier one is stale too.
-                batches = [(tp, self._own(tp), records) for tp, records in fetched.items()]
-                epochs = [part.epoch for _, part, _ in batches]
-                unloaded = [
-                    (tp, part, epoch)
-                    for (tp, part, _), epoch in zip(batches, epochs, strict=True)
-                    if not part.map_loaded
-                ]
-                if unloaded:
-                    await self._load_maps(unloaded)
-                for (tp, part, records), epoch in zip(batches, epochs, strict=True):
-                    if records and part.epoch == epoch and not part.draining:
-                        yield tp, part, epoch, records
-        finally:
-            await watch.close()
-            await keeper.close()
-
-    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
-        """Commit past the batch's resolved prefix; dead-letter rejects; hold at a failure.
-
-        Raises ``RuntimeError``/``ConnectionError`` (chained to aiokafka's error) when a
-        commit or DLQ write fails, after logging the partition and offsets involved.
-        Not cancelled by ackgate once started; if it is cancelled anyway, whatever was
-        not committed is redelivered.
-        """
-        tp = batch[0].broker_payload.tp
-        part = self._partitions[tp]
-        epoch = part.epoch
-        commit_to: int | None = None
-        hold_at: int | None = None
-        finished: list[int] = []
-        stale = 0
-        dlq_writes: list[Any] = []
-        for item in batch:
-            delivery: Delivery = item.broker_payload
-            outcome = item.outcome
-            offset = delivery.record.offset
-            if delivery.epoch != epoch:
-                stale += 1
-            if outcome.failed or not (outcome.acked or outcome.rejected):
-                if delivery.epoch == epoch and hold_at is None:
-                    hold_at = offset
-                continue
-            # Clean. Past a hold, or fetched before one (stale), it goes into the offset
-            # map as finished, once its DLQ copy (if any) is acknowledged: the map names
-            # only offsets whose advance was clean, as a commit past them would be.
-            if delivery.epoch < part.assigned_epoch:
-                continue
-            if outcome.rejected and self._dlq is not None:
-                dlq_writes.append(await self._dead_letter(delivery, outcome))
-            elif outcome.rejected:
-                log.warning(
-                    "Rejected event %s-%d@%d committed past without a DLQ (no dlq_topic)",
-                    tp.topic,
-                    tp.partition,
-                    offset,
-                )
-            if delivery.epoch == epoch and hold_at is None:
-                commit_to = offset + 1
-            else:
-                finished.append(offset)
-        if stale:
-            log.debug(
-                "%d deliveries of %s-%d from an earlier epoch (refetched after a hold or "
-                "revoked): not committed, recorded as finished if clean",
-                stale,
-                tp.topic,
-                tp.partition,
-            )
-        if dlq_writes:
-            try:
-                await asyncio.gather(*dlq_writes)
-            except self._errors.KafkaError as exc:
-                log.error(
-                    "DLQ write to %s failed for %s-%d before offset %s; not committing: %r",
-                    self._dlq_topic,
-                    tp.topic,
-                    tp.partition,
-                    commit_to,
-                    exc,
-                )
-                raise self._translate(exc, "DLQ write failed") from exc
-        async with self._lock:
-            if not part.owned or part.epoch != epoch:
-                if commit_to is not None or hold_at is not None:
-                    log.info(
-                        "Not committing %s-%d: partition revoked or refetched meanwhile; "
-                        "its owner reads from the last committed offset",
-                        tp.topic,
-                        tp.partition,
-                    )
-                return
-            for offset in finished:
-                part.finish(offset)
-            if hold_at is None and commit_to is not None:
-                # Finished offsets right after the clean prefix were never yielded again
-                # (or were, and their copies resolved before them): commit past them too.
-                commit_to = part.finished.take_from(commit_to)
-            target = hold_at if hold_at is not None else commit_to
-            if part.refused:
-                return
-            if target is not None and (part.committed_next is None or target > part.committed_next):
-                await self._commit(tp, part, target)
-            elif finished and part.committed_next is not None:
-                # The commit is held: a metadata-only commit keeps the map current, so
-                # a restart does not replay what was finished meanwhile.
-                await self._commit(tp, part, part.committed_next)
-            if hold_at is not None and not part.refused:
-                self._hold(tp, part, hold_at)
-        self._progress.set()
-
-    async def _load_maps(self, pending: list[tuple[Any, PartitionState, int]]) -> None:
-        """Read the committed offset and its offset map of newly assigned partitions."""
-        try:
-            # aiokafka's public ``committed()`` drops the metadata; this is what it calls.
-            committed = await self._consumer._coordinator.fetch_committed_offsets(
-                [tp for tp, _, _ in pending]
-            )
-        except self._errors.KafkaError as exc:
-            log.error("Kafka committed-offset fetch failed group=%s: %r", self._group_id, exc)
-            raise self._translate(exc, "poll failed") from exc
-        for tp, part, epoch in pending:
-            if part.epoch != epoch or part.map_loaded:
-                continue  # revoked meanwhile: the next assignment reads it again
-            found = committed.get(tp)
-            offset = found.offset if found is not None and found.offset >= 0 else None
-            offset_map = None
-            if offset is not None and found.metadata:
-                decoded = decode(found.metadata, tp.topic, tp.partition, offset)
-                if isinstance(decoded, str):
-                    log.info(
-                        "Ignoring the offset map committed with %s-%d@%d (%s): offsets past "
-                        "it are delivered again",
-                        tp.topic,
-                        tp.partition,
-                        offset,
-                        decoded,
-                    )
-                else:
-                    offset_map = decoded
-            part.load(offset, offset_map)
-
-    async def _committed_past(self, part: PartitionState, epoch: int, offset: int) -> None:
-        """Wait until ``offset`` is committed past, held or revoked (advance and revoke
-        set ``_progress``)."""
-        while (
-            part.epoch == epoch
-            and not part.draining
-            and (part.committed_next is None or part.committed_next <= offset)
-        ):
-            self._progress.clear()
-            await self._progress.wait()
-
-    async def _record_deliveries(
-        self, tp: Any, part: PartitionState, epoch: int, first: int
-    ) -> None:
-        """Commit the committed offset again (``first``, where the fetch started, if
-        there is none yet), its metadata now counting the deliveries about to be made."""
-        async with self._lock:
-            if not part.owned or part.epoch != epoch or part.draining:
-                return
-            await self._commit(
-                tp, part, first if part.committed_next is None else part.committed_next
-            )
-            part.announce = False
 
     async def aclose(self) -> None:
         """Stop the DLQ producer, then the consumer (which leaves the group).
@@ -585,139 +276,3 @@ class KafkaStreamProducer(SharedStreamProducer):
             if consumer is not None:
                 await consumer.stop()
                 log.info("Kafka consumer stopped group=%s", self._group_id)
-
-    def _own(self, tp: Any) -> PartitionState:
-        """Return ``tp``'s state, starting a new assignment if it was not owned.
-
-        Called from the assignment callback and, in case a fetch races ahead of that
-        callback, from the poll loop; idempotent while owned.
-        """
-        part = self._partitions.get(tp)
-        if part is None:
-            epoch = next(self._epochs)
-            part = self._partitions[tp] = PartitionState(epoch=epoch, assigned_epoch=epoch)
-        elif not part.owned:
-            part.new_epoch(next(self._epochs))
-            part.assigned_epoch = part.epoch
-            part.owned = True
-            part.committed_next = None
-            part.held_at = None
-            part.map_loaded = False
-            part.announce = True
-            part.finished = OffsetRuns()
-            part.refused = False
-        else:
-            return part
-        log.info("Partition assigned %s-%d group=%s", tp.topic, tp.partition, self._group_id)
-        return part
-
-    async def _on_revoked(self, revoked: Iterable[Any]) -> None:
-        parts = {tp: self._partitions[tp] for tp in revoked if tp in self._partitions}
-        if not parts:
-            return
-        for part in parts.values():
-            part.draining = True
-        try:
-            async with asyncio.timeout(self._drain_timeout):
-                while not all(part.drained() for part in parts.values()):
-                    self._progress.clear()
-                    await self._progress.wait()
-        except TimeoutError:
-            undrained = sorted(
-                f"{tp.topic}-{tp.partition}@{part.committed_next}<{part.yielded_next}"
-                for tp, part in parts.items()
-                if not part.drained()
-            )
-            log.warning(
-                "Rebalance drain timed out after %.1fs group=%s; uncommitted ranges are "
-                "redelivered to the new owner: %s",
-                self._drain_timeout,
-                self._group_id,
-                ", ".join(undrained),
-            )
-        async with self._lock:
-            for part in parts.values():
-                part.owned = False
-                part.draining = False
-                part.new_epoch(next(self._epochs))
-        self._progress.set()
-        log.info(
-            "Partitions revoked group=%s: %s",
-            self._group_id,
-            ", ".join(sorted(f"{tp.topic}-{tp.partition}" for tp in parts)),
-        )
-
-    async def _dead_letter(self, delivery: Delivery, outcome: AdvanceOutcome) -> Any:
-        """Queue the DLQ copy; return the future of its acknowledgement."""
-        record = delivery.record
-        headers = dead_letter_headers(record, outcome)
-        try:
-            return await self._dlq.send(
-                self._dlq_topic, value=record.value, key=record.key, headers=headers
-            )
-        except self._errors.KafkaError as exc:
-            log.error(
-                "DLQ write to %s failed for %s-%d@%d: %r",
-                self._dlq_topic,
-                record.topic,
-                record.partition,
-                record.offset,
-                exc,
-            )
-            raise self._translate(exc, "DLQ write failed") from exc
-
-    async def _commit(self, tp: Any, part: PartitionState, offset: int) -> None:
-        assert part.owned and (part.committed_next is None or offset >= part.committed_next)
-        metadata = encode(
-            tp.topic, tp.partition, offset, part.finished, part.seen_next, part.counts
-        )
-        try:
-            await self._consumer.commit({tp: (offset, metadata)})
-        except self._errors.CommitFailedError:
-            # The group rebalanced under this assignment (an outage outlasted the
-            # session): aiokafka rejoins, the revoke ends this assignment, and the
-            # partition's owner (maybe this consumer again) reads from the last
-            # committed offset. Nothing is skipped: deliveries of this epoch are stale.
-            part.refused = True
-            log.info(
-                "Kafka commit refused group=%s %s-%d offset=%d: the group rebalanced "
-                "meanwhile; the partition is read again from its last committed offset",
-                self._group_id,
-                tp.topic,
-                tp.partition,
-                offset,
-            )
-            return
-        except self._errors.KafkaError as exc:
-            log.error(
-                "Kafka commit failed group=%s %s-%d offset=%d (last committed %s): %r",
-                self._group_id,
-                tp.topic,
-                tp.partition,
-                offset,
-                part.committed_next,
-                exc,
-            )
-            raise self._translate(exc, "commit failed") from exc
-        part.committed(offset)
-
-    def _hold(self, tp: Any, part: PartitionState, offset: int) -> None:
-        part.new_epoch(next(self._epochs))
-        # A draining partition is about to go to its new owner, who starts at the
-        # committed offset (this one) anyway; seeking an outgoing partition is moot.
-        if not part.draining:
-            self._consumer.seek(tp, offset)
-        log.log(
-            logging.DEBUG if part.held_at == offset else logging.INFO,
-            "Holding %s-%d at offset %d (failed or unsubscribed); redelivering from there",
-            tp.topic,
-            tp.partition,
-            offset,
-        )
-        part.held_at = offset
-
-    def _translate(self, exc: BaseException, what: str) -> Exception:
-        message = f"Kafka {what} (group={self._group_id!r}, servers={self._bootstrap_servers!r})"
-        if isinstance(exc, self._errors.KafkaConnectionError):
-            return ConnectionError(f"{message}: cannot reach the cluster: {exc}")
-        return RuntimeError(f"{message}: {exc!r}")
