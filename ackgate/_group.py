@@ -260,7 +260,7 @@ class Group:
         if sub._cursor < log.head:
             run = log.at(sub._seq)
             start = sub._cursor - run.position
-            if start:  # the rest of a run it is walking through
+            if start:  # the rest of a run it is walking through (of several events)
                 if ack_mode:
                     for index in range(start, run.count):
                         self.mark(sub, run, index, "failed", None)
@@ -305,8 +305,20 @@ class Group:
             part[0] = left
             return
         del sub._parts[run]
+        self._part_done(sub, run, part[1])
+
+    def end_walk(self, sub: Subscription, run: Run, *, clean: bool) -> None:
+        """``sub``'s walk through ``run`` is over: its window on the last event closed
+        (``clean``: acked) or that event was resolved otherwise. A run of one event
+        that nothing else holds has no entry in ``_parts``: its part is done now."""
+        if run in sub._parts:
+            self.release(sub, run)
+        else:
+            self._part_done(sub, run, clean)
+
+    def _part_done(self, sub: Subscription, run: Run, clean: int | bool) -> None:
         memory = run.memory
-        if part[1] and memory is not None and sub._bit is not None:
+        if clean and memory is not None and sub._bit is not None:
             memory.ack(1 << sub._bit)  # acked every event of the run: remembered
         pending = run.pending - 1
         assert pending >= 0, "resolved more often than its snapshot allows"
@@ -456,6 +468,8 @@ class Group:
             return False
         if run in sub._parts:
             return True
+        if sub._current is run:
+            return not sub._current_resolved  # a run of one event, its window open
         return (
             not sub._left
             and sub._joined_at <= run.position

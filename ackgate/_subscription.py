@@ -13,7 +13,9 @@ window on its last event closed (or the rest of it was resolved otherwise), one
 per unconfirmed output bound to one of its events, and one per live batch binding
 with events of it; ``clean`` is 0 once this subscriber rejected or failed any event
 of it (then its ack is not remembered for redelivery). When ``holds`` drops to 0
-the group counts the part resolved (``Group.release``).
+the group counts the part resolved (``Group.release``). A run of one event handed
+by a pull has no entry while its open window is all that holds it: closing the
+window resolves the part at once (``Group.end_walk``).
 """
 
 from __future__ import annotations
@@ -88,8 +90,9 @@ class Subscription:
         self._current_index = 0
         #: Whether this subscriber's part in the open event is already resolved.
         self._current_resolved = False
-        #: Runs this subscriber was handed events of and whose part is not resolved:
-        #: ``[holds, clean]`` (module docstring). Invariant: ``holds >= 1``.
+        #: Runs this subscriber was handed events of and whose part is not resolved
+        #: (but a run of one event held by its open window only): ``[holds, clean]``
+        #: (module docstring). Invariant: ``holds >= 1``.
         self._parts: dict[Run, list[int]] = {}
         #: Unconfirmed outputs per event not resolved yet, the open window's
         #: included. Invariant: never holds an event this subscriber resolved.
@@ -174,8 +177,11 @@ class Subscription:
         if group.blocked:
             group.room.set()
         if ack_mode:
-            if index == 0:
+            if index == 0 and run.count > 1:
                 self._parts[run] = [1, 1]  # the walk hold
+            # A run of one event has no entry until something else holds it: the open
+            # window is its walk hold (``Group.end_walk``), which spares the per-event
+            # path a dict entry per event and subscriber.
             self._current = run
             self._current_index = index
             self._current_resolved = False
@@ -432,7 +438,7 @@ class Subscription:
         index = self._current_index
         if index == run.count - 1:
             if not self._current_resolved:
-                self._group.release(self, run)
+                self._group.end_walk(self, run, clean=True)
         elif (
             run.memory is not None
             and not self._current_resolved
@@ -446,7 +452,7 @@ class Subscription:
         the walk through the run (closing the window adds nothing to it)."""
         self._current_resolved = True
         if self._current_index == run.count - 1:
-            self._group.release(self, run)
+            self._group.end_walk(self, run, clean=False)
 
     def _output_resolved(
         self, target: EventRef | BatchBinding, how: Resolution, reason: str | None
@@ -577,7 +583,11 @@ class Subscription:
         key = (run, self._current_index)
         outputs = self._outputs
         outputs[key] = outputs.get(key, 0) + 1
-        self._parts[run][0] += 1
+        part = self._parts.get(run)
+        if part is None:
+            self._parts[run] = [2, 1]  # the open window's walk hold, and the output's
+        else:
+            part[0] += 1
         return self._registry.bind(self, key)
 
     def reject(self, reason: str | None = None) -> None:

@@ -454,6 +454,7 @@ class GroupMachine(RuleBasedStateMachine):
     def check_liveness(self, gen: Generation) -> None:
         if gen.advance_failed or gen.terminal_step is None:
             return
+
         def resolved_in_time(event_id: int) -> bool:
             step = gen.events[event_id].resolved_step
             return step is not None and step <= (gen.terminal_step or 0)
