@@ -18,7 +18,7 @@ are swept at once, so the registry never keeps a stopped group alive.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 if TYPE_CHECKING:
     from ackgate._group import Resolution
@@ -27,8 +27,9 @@ if TYPE_CHECKING:
 
 _SWEEP_MINIMUM = 1024
 
-#: One event of a run, as a binding target: ``(run, index)``.
-EventRef = tuple["Run", int]
+#: One event as a binding target: the run itself for a run of one event (an event
+#: yielded alone), else ``(run, index)``.
+EventRef: TypeAlias = "Run | tuple[Run, int]"
 
 
 class BoundBatch(NamedTuple):

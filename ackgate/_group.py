@@ -244,11 +244,11 @@ class Group:
         whatever was bound to it; on the run's last event, the walk is over too."""
         if not sub._current_resolved:
             index = sub._current_index
-            count = sub._outputs.pop((run, index), 0)
+            count = sub._outputs.pop(run if run.count == 1 else (run, index), 0)
             self.bindings.abandoned(count)
             self.mark(sub, run, index, "failed", None)
             sub._resolved_in_window(run)
-            if count:
+            if count and run.count > 1:
                 self.release(sub, run, count)
         sub._current = None
 
@@ -305,18 +305,10 @@ class Group:
             part[0] = left
             return
         del sub._parts[run]
-        self._part_done(sub, run, part[1])
+        self.part_done(sub, run, part[1])
 
-    def end_walk(self, sub: Subscription, run: Run, *, clean: bool) -> None:
-        """``sub``'s walk through ``run`` is over: its window on the last event closed
-        (``clean``: acked) or that event was resolved otherwise. A run of one event
-        that nothing else holds has no entry in ``_parts``: its part is done now."""
-        if run in sub._parts:
-            self.release(sub, run)
-        else:
-            self._part_done(sub, run, clean)
-
-    def _part_done(self, sub: Subscription, run: Run, clean: int | bool) -> None:
+    def part_done(self, sub: Subscription, run: Run, clean: int | bool) -> None:
+        """``sub`` resolved its part in ``run``: acked every event (``clean``), or not."""
         memory = run.memory
         if clean and memory is not None and sub._bit is not None:
             memory.ack(1 << sub._bit)  # acked every event of the run: remembered
@@ -414,10 +406,15 @@ class Group:
                 self._fail_current(sub, current)
             outputs = sub._outputs
             sub._outputs = {}
-            for (owed, index), count in outputs.items():
+            for key, count in outputs.items():
                 self.bindings.abandoned(count)
-                self.mark(sub, owed, index, "failed", None)
-                self.release(sub, owed, count)
+                if isinstance(key, tuple):
+                    owed, index = key
+                    self.mark(sub, owed, index, "failed", None)
+                    self.release(sub, owed, count)
+                else:  # a run of one event
+                    self.mark(sub, key, 0, "failed", None)
+                    self.part_done(sub, key, False)
             batches = list(sub._batches)
             sub._batches.clear()
             for batch in batches:
@@ -466,7 +463,7 @@ class Group:
         count it (SPEC §13): that is no debt to be force-failed for."""
         if sub._failure is not None:
             return False
-        if run in sub._parts:
+        if run in sub._parts or run in sub._outputs:
             return True
         if sub._current is run:
             return not sub._current_resolved  # a run of one event, its window open

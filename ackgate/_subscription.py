@@ -14,8 +14,8 @@ per unconfirmed output bound to one of its events, and one per live batch bindin
 with events of it; ``clean`` is 0 once this subscriber rejected or failed any event
 of it (then its ack is not remembered for redelivery). When ``holds`` drops to 0
 the group counts the part resolved (``Group.release``). A run of one event handed
-by a pull has no entry while its open window is all that holds it: closing the
-window resolves the part at once (``Group.end_walk``).
+by a pull (an event yielded alone) has no entry: its window and its outputs
+(``_outputs[run]``) hold it, and the last of them to go resolves it.
 """
 
 from __future__ import annotations
@@ -91,11 +91,12 @@ class Subscription:
         #: Whether this subscriber's part in the open event is already resolved.
         self._current_resolved = False
         #: Runs this subscriber was handed events of and whose part is not resolved
-        #: (but a run of one event held by its open window only): ``[holds, clean]``
-        #: (module docstring). Invariant: ``holds >= 1``.
+        #: (but runs of one event not in a batch binding): ``[holds, clean]`` (module
+        #: docstring). Invariant: ``holds >= 1``.
         self._parts: dict[Run, list[int]] = {}
         #: Unconfirmed outputs per event not resolved yet, the open window's
-        #: included. Invariant: never holds an event this subscriber resolved.
+        #: included, keyed by the run for a run of one event, else ``(run, index)``.
+        #: Invariant: never holds an event this subscriber resolved.
         self._outputs: dict[EventRef, int] = {}
         #: Live batch bindings (``pull_batch``), in binding order. Invariant: an event
         #: is owed through at most one of ``_outputs`` and a binding here.
@@ -152,11 +153,16 @@ class Subscription:
             if cursor < log.head:
                 run = log.entries[self._seq - log.base]
                 index = cursor - run.position
-                if index == 0 and run.redelivered and ack_mode and self._acked_earlier_copy(run):
-                    # Counted acked (it acked an earlier copy): pass it. A poll
-                    # waiting for room may be waiting for exactly this cursor.
-                    self._pass(run)
-                    continue
+                if index == 0:
+                    if run.redelivered and ack_mode and self._acked_earlier_copy(run):
+                        # Counted acked (it acked an earlier copy): pass it. A poll
+                        # waiting for room may be waiting for exactly this cursor.
+                        self._pass(run)
+                        continue
+                    if run.count > 1 and ack_mode:
+                        self._parts[run] = [1, 1]  # the walk hold
+                    # A run of one event has no part entry: its open window and its
+                    # outputs hold it, as they hold an event yielded alone.
                 self._cursor = cursor + 1
                 if index == run.count - 1:
                     self._seq += 1
@@ -177,11 +183,6 @@ class Subscription:
         if group.blocked:
             group.room.set()
         if ack_mode:
-            if index == 0 and run.count > 1:
-                self._parts[run] = [1, 1]  # the walk hold
-            # A run of one event has no entry until something else holds it: the open
-            # window is its walk hold (``Group.end_walk``), which spares the per-event
-            # path a dict entry per event and subscriber.
             self._current = run
             self._current_index = index
             self._current_resolved = False
@@ -274,14 +275,18 @@ class Subscription:
             if index == run.count - 1:
                 self._seq += 1
                 run.undelivered -= 1
-            if index == 0:
-                parts[run] = [2, 1]  # the walk hold and the output
+            key: EventRef
+            if run.count == 1:
+                key = run  # no part entry: the output is its hold (``_output_confirmed``)
             else:
-                parts[run][0] += 1
+                key = (run, index)
+                if index == 0:
+                    parts[run] = [2, 1]  # the walk hold and the output
+                else:
+                    parts[run][0] += 1
             self._current = run
             self._current_index = index
             self._current_resolved = False
-            key = (run, index)
             outputs[key] = 1
             pulled.append((run.raws[index], bind(self, key)))
         log.trim()
@@ -435,24 +440,27 @@ class Subscription:
         unconfirmed (the last confirmation acks it) or it was resolved otherwise. On
         the run's last event, the walk through the run is over."""
         self._current = None
+        if self._current_resolved:
+            return  # its part ended then (``_resolved_in_window``)
+        if run.count == 1:
+            if run not in self._outputs:
+                self._group.part_done(self, run, True)
+            return  # else the last confirmation acks it (``_output_confirmed``)
         index = self._current_index
         if index == run.count - 1:
-            if not self._current_resolved:
-                self._group.end_walk(self, run, clean=True)
-        elif (
-            run.memory is not None
-            and not self._current_resolved
-            and self._bit is not None
-            and (run, index) not in self._outputs
-        ):
+            self._group.release(self, run)  # the walk is over
+        elif run.memory is not None and self._bit is not None and (run, index) not in self._outputs:
             run.memory.ack_some((index,), 1 << self._bit)  # acked before the rest of the run
 
     def _resolved_in_window(self, run: Run) -> None:
-        """The open event was rejected or failed: on the run's last event, that ends
-        the walk through the run (closing the window adds nothing to it)."""
+        """The open event was rejected or failed (marked, its outputs dropped by the
+        caller): a run of one event is done for this subscriber; on the last event of
+        a longer run, the walk through it is over (closing the window adds nothing)."""
         self._current_resolved = True
-        if self._current_index == run.count - 1:
-            self._group.end_walk(self, run, clean=False)
+        if run.count == 1:
+            self._group.part_done(self, run, False)
+        elif self._current_index == run.count - 1:
+            self._group.release(self, run)
 
     def _output_resolved(
         self, target: EventRef | BatchBinding, how: Resolution, reason: str | None
@@ -472,12 +480,15 @@ class Subscription:
         count = self._outputs.pop(target, None)
         if count is None:
             return None
-        run, index = target
+        run, index = target if isinstance(target, tuple) else (target, 0)
         group = self._group
         group.mark(self, run, index, how, self._reason(reason))
         if run is self._current and index == self._current_index:
             self._resolved_in_window(run)
-        group.release(self, run, count)
+        elif run.count == 1:
+            group.part_done(self, run, False)  # its window closed before
+        if run.count > 1:
+            group.release(self, run, count)
         self._discard_if_departed()
         return count - 1
 
@@ -549,18 +560,24 @@ class Subscription:
         count = outputs.get(target)
         if count is None:
             return False
-        run, index = target
         if count > 1:
             outputs[target] = count - 1
-        else:
-            del outputs[target]
-            if (
-                run.count > 1
-                and run.memory is not None
-                and self._bit is not None
-                and not (run is self._current and index == self._current_index)
-            ):
-                run.memory.ack_some((index,), 1 << self._bit)  # before the rest of the run
+            return True
+        del outputs[target]
+        if not isinstance(target, tuple):
+            # A run of one event: acked once its window is closed too.
+            if target is not self._current:
+                self._group.part_done(self, target, True)
+                if self._left:
+                    self._discard_if_departed()
+            return True
+        run, index = target
+        if (
+            run.memory is not None
+            and self._bit is not None
+            and not (run is self._current and index == self._current_index)
+        ):
+            run.memory.ack_some((index,), 1 << self._bit)  # before the rest of the run
         self._group.release(self, run)
         if self._left:
             self._discard_if_departed()
@@ -580,14 +597,14 @@ class Subscription:
         run = self._current
         if run is None or self._current_resolved:
             return None
-        key = (run, self._current_index)
         outputs = self._outputs
-        outputs[key] = outputs.get(key, 0) + 1
-        part = self._parts.get(run)
-        if part is None:
-            self._parts[run] = [2, 1]  # the open window's walk hold, and the output's
+        key: EventRef
+        if run.count == 1:
+            key = run  # no part entry: its outputs and window hold it
         else:
-            part[0] += 1
+            key = (run, self._current_index)
+            self._parts[run][0] += 1
+        outputs[key] = outputs.get(key, 0) + 1
         return self._registry.bind(self, key)
 
     def reject(self, reason: str | None = None) -> None:
@@ -610,12 +627,12 @@ class Subscription:
         if self._current_resolved:
             return
         index = self._current_index
-        count = self._outputs.pop((run, index), 0)
+        count = self._outputs.pop(run if run.count == 1 else (run, index), 0)
         self._registry.abandoned(count)
         group = self._group
         group.mark(self, run, index, "rejected", self._reason(reason))
         self._resolved_in_window(run)
-        if count:
+        if count and run.count > 1:
             group.release(self, run, count)
 
     # -- leaving -----------------------------------------------------------------
