@@ -90,6 +90,15 @@ class BatchBinding:
         resolves (a slice whose events were all resolved alone let go of its run)."""
         return [run for run, _, _, indexes in self.remaining() if indexes is None or indexes]
 
+    def owes_event(self, run: Run, index: int) -> bool:
+        """Whether the binding still resolves the event at ``index`` of ``run``."""
+        offset = 0
+        for slice_run, start, stop in self.slices:
+            if slice_run is run and start <= index < stop:
+                return self.apart is None or offset + index - start not in self.apart
+            offset += stop - start
+        return False
+
     def owes(self, run: Run) -> bool:
         """Whether the binding still resolves an event of ``run``."""
         return any(

@@ -790,7 +790,9 @@ class Group:
         skipped = 0
         for sub in self.active:
             bit = sub._bit
-            if bit is not None and memory.acked_by(1 << bit):
+            if bit is not None and (
+                memory.acked_by(1 << bit) or sub._acked_in_open_part(memory.in_range)
+            ):
                 skipped |= 1 << bit
                 run.pending -= 1
                 self._count_skip(sub, run.count)

@@ -52,6 +52,10 @@ class Remembered:
     __slots__ = ("redelivered",)
 
     redelivered: bool
+    #: For a copy of one id of a range, ``(prefix, offset)``: a subscriber still
+    #: busy with the run that holds the earlier copy may have acked it already
+    #: (``Subscription._acked_in_open_part``). ``None`` otherwise.
+    in_range: tuple[tuple[Hashable, ...], int] | None = None
 
     def acked_by(self, flag: int) -> bool:
         """Whether the subscriber with bit ``flag`` acked a copy of every id."""
@@ -81,6 +85,31 @@ class _OneCell(Remembered):
 
     def ack(self, flag: int) -> None:
         self.cell[0] |= flag
+
+
+class _CopyInRange(_OneCell):
+    """A copy of one id of a range (a Kafka offset fetched again): its own cell for
+    the acks of its copies, and the spans for the acks of the runs it was part of."""
+
+    __slots__ = ("memory", "offset", "prefix")
+
+    def __init__(
+        self, cell: list[int], memory: RedeliveryMemory, prefix: tuple[Hashable, ...], offset: int
+    ) -> None:
+        super().__init__(cell)
+        self.redelivered = True
+        self.memory = memory
+        self.prefix = prefix
+        self.offset = offset
+
+    @property
+    def in_range(self) -> tuple[tuple[Hashable, ...], int]:  # type: ignore[override]
+        return self.prefix, self.offset
+
+    def acked_by(self, flag: int) -> bool:
+        if self.cell[0] & flag:
+            return True
+        return self.memory.covered(self.prefix, self.offset, self.offset + 1, flag)
 
 
 class _Cells(Remembered):
@@ -184,6 +213,12 @@ class RedeliveryMemory:
         """The record of a run with ``event_ids`` (one per event), made now: each id
         counts one more copy broadcast."""
         if type(event_ids) is IdRange:
+            if event_ids.length == 1 and self._overlaps(
+                event_ids.prefix, event_ids.first, event_ids.first + 1
+            ):
+                # A copy: remembered alone (``run_length`` broadcasts copies one by one).
+                [cell] = self.cells(event_ids)
+                return _CopyInRange(cell, self, event_ids.prefix, event_ids.first)
             return self._spanned(event_ids)
         cells = self.cells(event_ids)
         if len(cells) == 1:
@@ -197,21 +232,16 @@ class RedeliveryMemory:
         alike; an id seen before is a run alone, or, for an :class:`IdRange`, the
         stretch up to the next edge of a remembered span."""
         if type(event_ids) is IdRange:
+            # Copies go one by one: each subscriber may have acked some of a run's
+            # events and not others. New ids go together, up to the first copy.
             first = event_ids.first + start
-            stop = first + limit
+            if self._overlaps(event_ids.prefix, first, first + 1):
+                return 1
             spans = self._spans.get(event_ids.prefix)
             if not spans:
                 return limit
-            edge = stop
-            for index in range(bisect_left(spans, first - self._longest, key=_first), len(spans)):
-                span = spans[index]
-                if span.first >= edge:
-                    break
-                if span.first > first:
-                    edge = span.first
-                elif span.stop > first:
-                    edge = min(edge, span.stop)
-            return edge - first
+            at = bisect_left(spans, first, key=_first)
+            return min(limit, spans[at].first - first) if at < len(spans) else limit
         cells = self._cells
         if event_ids[start] in cells:
             return 1
@@ -277,6 +307,19 @@ class RedeliveryMemory:
         if not spans:
             del self._spans[span.prefix]
         self._span_ids -= span.stop - span.first
+
+    def _overlaps(self, prefix: tuple[Hashable, ...], first: int, stop: int) -> bool:
+        """Whether a remembered span holds one of the ids ``first .. stop - 1``."""
+        spans = self._spans.get(prefix)
+        if not spans:
+            return False
+        for index in range(bisect_left(spans, first - self._longest, key=_first), len(spans)):
+            span = spans[index]
+            if span.first >= stop:
+                return False
+            if span.stop > first:
+                return True
+        return False
 
     def covered(self, prefix: tuple[Hashable, ...], first: int, stop: int, flag: int) -> bool:
         """Whether the spans carrying ``flag`` cover every id ``first .. stop - 1``."""

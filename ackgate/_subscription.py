@@ -28,6 +28,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ackgate._bindings import BatchBinding, BoundBatch, EventRef
+from ackgate._redelivery import _Spanned
 
 if TYPE_CHECKING:
     from ackgate._group import Group, Resolution
@@ -425,10 +426,36 @@ class Subscription:
             return True
         memory = run.memory
         assert memory is not None, "a redelivered copy has its ids' record"
-        if not memory.acked_by(flag):
+        if not memory.acked_by(flag) and not self._acked_in_open_part(memory.in_range):
             return False
         self._group.skip_at_hand_out(run, self, flag)
         return True
+
+    def _acked_in_open_part(self, where: tuple[tuple[Hashable, ...], int] | None) -> bool:
+        """Whether this subscriber acked the event with id ``(*prefix, offset)``
+        (``where``) of a run it is still busy with: a range of ids remembers a
+        subscriber's acks only once its whole part in the run is done, so the run's
+        state is asked. Acked: handed, window closed, no output or batch still owing
+        it, and nothing of the run rejected or failed by this subscriber (else, in
+        doubt, not acked: a duplicate at worst)."""
+        if where is None or not self._parts:
+            return False
+        prefix, offset = where
+        for run, part in self._parts.items():
+            memory = run.memory
+            if not isinstance(memory, _Spanned) or not part[1]:
+                continue
+            span = memory.span
+            if span.prefix != prefix or not span.first <= offset < span.stop:
+                continue
+            index = offset - span.first
+            handed = self._cursor - run.position if self._seq == run.seq else run.count
+            if index >= handed or (run is self._current and index == self._current_index):
+                return False
+            if (run, index) in self._outputs:
+                return False
+            return not any(batch.owes_event(run, index) for batch in self._batches)
+        return False
 
     @property
     def redeliveries_skipped(self) -> int:

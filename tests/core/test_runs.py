@@ -227,11 +227,13 @@ async def test_a_redelivered_run_is_skipped_by_who_acked_every_event_of_it(
     await a.aclose()
 
 
-async def test_a_copy_overlapping_acked_runs_is_cut_where_the_acks_change(
+async def test_copies_of_a_range_go_one_by_one_and_new_ids_together(
     manager: SharedStreamManager,
 ) -> None:
-    """A copy of offsets 2..5 after runs 0..3 and 4..7: cut at 4, so a subscriber that
-    acked only the first run skips 2..3 and is handed 4..5."""
+    """A copy of offsets 2..5 and new offsets 8..9 after runs 0..3 and 4..7: each copy
+    is a run alone (subscribers may have acked some of a run and not the rest), the
+    new ids one run. A subscriber that acked only the first run skips 2..3 and is
+    handed 4..5, then 8..9."""
     producer = BatchRuns()
     producer.feed_item(batch(0, 4))
     producer.feed_item(batch(4, 4))
@@ -241,15 +243,25 @@ async def test_a_copy_overlapping_acked_runs_is_cut_where_the_acks_change(
     second = await a.pull_batch(4)
     assert second.events == [f"e{n}" for n in range(4, 8)]
     producer.feed_item(batch(2, 4))
-    again = await a.pull_batch(10)
-    assert again.events == ["e4", "e5"]  # 2..3 passed: acked; 4..5 not acked yet
-    manager.confirm_persisted([second.seq, again.seq])
-    await producer.wait_advanced(12)
+    producer.feed_item(batch(8, 2))
+    again: list[str] = []
+    seqs = [second.seq]
+    while len(again) < 4:
+        more = await a.pull_batch(10)
+        again += more.events
+        seqs.append(more.seq)
+    assert again == ["e4", "e5", "e8", "e9"]  # 2..3 passed: acked; 4..5 not acked yet
+    assert a.redeliveries_skipped == 2
+    manager.confirm_persisted(seqs)
+    await producer.wait_advanced(14)
     assert [list(run.broker_payloads) for run in runs(producer)] == [
         [0, 1, 2, 3],
         [4, 5, 6, 7],
-        [2, 3],
-        [4, 5],
+        [2],
+        [3],
+        [4],
+        [5],
+        [8, 9],
     ]
     await a.aclose()
 
@@ -280,11 +292,12 @@ def test_a_run_needs_ids_alike_in_the_redelivery_memory() -> None:
 
     memory = RedeliveryMemory(1000)
     memory.remember(IdRange(("t", 0), 0, 10))
-    memory.remember(IdRange(("t", 0), 10, 10))
-    ids = IdRange(("t", 0), 5, 30)
-    assert memory.run_length(ids, 0, 30) == 5  # 5..9: inside the first span
-    assert memory.run_length(ids, 5, 25) == 10  # 10..19: the second
-    assert memory.run_length(ids, 15, 15) == 15  # 20..34: never seen
+    memory.remember(IdRange(("t", 0), 30, 10))
+    ids = IdRange(("t", 0), 5, 40)
+    assert memory.run_length(ids, 0, 40) == 1  # 5: a copy, alone
+    assert memory.run_length(ids, 5, 35) == 20  # 10..29: new, up to the next span
+    assert memory.run_length(ids, 35, 5) == 5  # 40..44: new
+    assert memory.run_length(IdRange(("t", 1), 5, 9), 0, 9) == 9  # another prefix
     cells: Sequence[Hashable] = ["x", "y", "x", "z"]
     assert memory.run_length(cells, 0, 4) == 2  # "x" twice: the copy starts a run
     memory.remember(["y"])
