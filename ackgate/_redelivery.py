@@ -222,6 +222,9 @@ class RedeliveryMemory:
             return self._spanned(event_ids)
         cells = self.cells(event_ids)
         if len(cells) == 1:
+            in_range = self._in_spans(event_ids[0])
+            if in_range is not None:  # a copy, given without its range (a fetch with a gap)
+                return _CopyInRange(cells[0], self, *in_range)
             return _OneCell(cells[0])
         return _Cells(cells)
 
@@ -237,21 +240,38 @@ class RedeliveryMemory:
             first = event_ids.first + start
             if self._overlaps(event_ids.prefix, first, first + 1):
                 return 1
-            spans = self._spans.get(event_ids.prefix)
-            if not spans:
+            same_prefix = self._spans.get(event_ids.prefix)
+            if not same_prefix:
                 return limit
-            at = bisect_left(spans, first, key=_first)
-            return min(limit, spans[at].first - first) if at < len(spans) else limit
+            at = bisect_left(same_prefix, first, key=_first)
+            return min(limit, same_prefix[at].first - first) if at < len(same_prefix) else limit
         cells = self._cells
-        if event_ids[start] in cells:
+        spans = self._spans
+        event_id = event_ids[start]
+        if event_id in cells or (spans and self._in_spans(event_id) is not None):
             return 1
-        fresh = {event_ids[start]}
+        fresh = {event_id}
         for offset in range(1, limit):
             event_id = event_ids[start + offset]
             if event_id in cells or event_id in fresh:
                 return offset
+            if spans and self._in_spans(event_id) is not None:
+                return offset
             fresh.add(event_id)
         return limit
+
+    def _in_spans(self, event_id: Hashable) -> tuple[tuple[Hashable, ...], int] | None:
+        """``(prefix, offset)`` if ``event_id`` is ``(*prefix, offset)`` and a span
+        holds it: the same event as one of a range, given without a range."""
+        if type(event_id) is not tuple or len(event_id) < 2:
+            return None
+        offset = event_id[-1]
+        if type(offset) is not int:
+            return None
+        prefix = event_id[:-1]
+        if prefix in self._spans and self._overlaps(prefix, offset, offset + 1):
+            return prefix, offset
+        return None
 
     def cells(self, event_ids: Sequence[Hashable]) -> list[list[int]]:
         """The cell of each of ``event_ids``, made (and remembered) for new ids;

@@ -302,3 +302,22 @@ def test_a_run_needs_ids_alike_in_the_redelivery_memory() -> None:
     assert memory.run_length(cells, 0, 4) == 2  # "x" twice: the copy starts a run
     memory.remember(["y"])
     assert memory.run_length(cells, 1, 3) == 1  # "y" seen before: alone
+
+
+async def test_a_copy_given_without_its_range_is_still_known(
+    manager: SharedStreamManager,
+) -> None:
+    """A broker's refetch with a gap comes as a list of ids, not an ``IdRange``: the
+    copies in it are still recognised against the ranges they were part of."""
+    producer = BatchRuns()
+    producer.feed_item(batch(0, 4))
+    a = manager.subscribe("k", "a", producer=lambda: producer)
+    first = await a.pull_batch(4)
+    manager.confirm_persisted([first.seq])
+    producer.feed_item(
+        EventBatch(["e1", "e3", "e4"], [1, 3, 4], "p0", [("t", "p0", n) for n in (1, 3, 4)])
+    )
+    again = await a.pull_batch(10)
+    assert again.events == ["e4"]  # 1 and 3 were acked as part of the range 0..3
+    assert a.redeliveries_skipped == 2
+    await a.aclose()
