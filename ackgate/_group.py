@@ -307,11 +307,15 @@ class Group:
         del sub._parts[run]
         self.part_done(sub, run, part[1])
 
-    def part_done(self, sub: Subscription, run: Run, clean: int | bool) -> None:
-        """``sub`` resolved its part in ``run``: acked every event (``clean``), or not."""
+    def part_done(self, sub: Subscription, run: Run, marked: int) -> None:
+        """``sub`` resolved its part in ``run``: acked every event but those whose bits
+        are set in ``marked`` (rejected or failed)."""
         memory = run.memory
-        if clean and memory is not None and sub._bit is not None:
-            memory.ack(1 << sub._bit)  # acked every event of the run: remembered
+        if memory is not None and sub._bit is not None:
+            if not marked:
+                memory.ack(1 << sub._bit)  # acked every event of the run: remembered
+            elif run.count > 1 and marked != (1 << run.count) - 1:
+                memory.ack_except(marked, 1 << sub._bit)
         pending = run.pending - 1
         assert pending >= 0, "resolved more often than its snapshot allows"
         run.pending = pending
@@ -327,7 +331,7 @@ class Group:
         run.mark(index, how == "failed")
         part = sub._parts.get(run)
         if part is not None:
-            part[1] = 0
+            part[1] |= 1 << index
         if reason is not None and how == "rejected":
             self._keep_reason(run, index, sub, reason)
 
@@ -358,7 +362,7 @@ class Group:
         for run, start, stop, indexes in binding.remaining():
             if indexes is None and start == 0 and stop == run.count:
                 # Every event of the run is in this binding: one count for the part.
-                sub._parts[run][1] = 0
+                sub._parts[run][1] = (1 << run.count) - 1
                 if how == "failed":
                     run.failed += 1
                 else:
@@ -414,7 +418,7 @@ class Group:
                     self.release(sub, owed, count)
                 else:  # a run of one event
                     self.mark(sub, key, 0, "failed", None)
-                    self.part_done(sub, key, False)
+                    self.part_done(sub, key, 1)
             batches = list(sub._batches)
             sub._batches.clear()
             for batch in batches:

@@ -13,15 +13,16 @@ before is checked at hand-out). Two forms, chosen by the ids a run comes with:
 
 * **spans**, for runs whose ids count up by one (:class:`~ackgate.IdRange`, Kafka
   offsets): one record per run, ``[first, stop)`` with one mask; a subscriber that
-  acked every event of the run sets its bit once. A later copy is covered for a
-  subscriber when the spans carrying its bit cover all of the copy's ids. About
-  150 bytes per run: under 1 byte per id for Kafka's fetches.
-* **cells**, for any other ids: one ``[mask, copies]`` cell per id.
+  acked every event of the run sets its bit once (one that rejected or failed some
+  records the ones it acked, as bits of an int). About 150 bytes per run: under 1
+  byte per id for Kafka's fetches. A subscriber still busy with a run is asked
+  directly (``Subscription._acked_in_open_part``).
+* **cells**, for any other ids, and for the copies of ids of a span: one
+  ``[mask, copies]`` cell per id. Copies are broadcast one by one
+  (:meth:`RedeliveryMemory.run_length`).
 
-With cells, a subscriber's bit is set on each id it acked, as it acks it. A span
-is marked only once a subscriber acked its whole part in the run: one that
-rejected or failed any event of the run is not remembered for it, nor one still
-busy with the rest of the run (a duplicate later, at worst).
+With cells, a subscriber's bit is set on each id it acked, as it acks it; with a
+span, once its part in the run is done.
 
 Capacity: the most recent ``capacity`` ids in each form; oldest are forgotten
 first, and forgetting only costs a duplicate delivery. Subscriber ids get a bit
@@ -68,7 +69,11 @@ class Remembered:
     def ack_some(self, indexes: Iterable[int], flag: int) -> None:
         """The subscriber with bit ``flag`` acked the events at ``indexes`` of the run
         before the rest of it. Remembered per id where ids are cells; a span
-        remembers only whole runs (``ack``)."""
+        remembers a subscriber's acks once its part in the run is done."""
+
+    def ack_except(self, marked: int, flag: int) -> None:
+        """The subscriber with bit ``flag`` is done with the run: it acked every event
+        but those whose bits are set in ``marked``."""
 
 
 class _OneCell(Remembered):
@@ -133,17 +138,25 @@ class _Cells(Remembered):
         for index in indexes:
             cells[index][0] |= flag
 
+    def ack_except(self, marked: int, flag: int) -> None:
+        for index, cell in enumerate(self.cells):
+            if not marked >> index & 1:
+                cell[0] |= flag
+
 
 class _Span:
-    """Ids ``(*prefix, first) .. (*prefix, stop - 1)`` and who acked all of them."""
+    """Ids ``(*prefix, first) .. (*prefix, stop - 1)`` and who acked all of them
+    (``mask``) or some of them (``partial``: per subscriber flag, the bits of the ids
+    it acked, when it rejected or failed others)."""
 
-    __slots__ = ("first", "mask", "prefix", "stop")
+    __slots__ = ("first", "mask", "partial", "prefix", "stop")
 
     def __init__(self, prefix: tuple[Hashable, ...], first: int, stop: int) -> None:
         self.prefix = prefix
         self.first = first
         self.stop = stop
         self.mask = 0
+        self.partial: dict[int, int] | None = None
 
 
 class _Spanned(Remembered):
@@ -164,6 +177,14 @@ class _Spanned(Remembered):
 
     def ack(self, flag: int) -> None:
         self.span.mask |= flag
+
+    def ack_except(self, marked: int, flag: int) -> None:
+        span = self.span
+        if span.partial is None:
+            span.partial = {}
+        span.partial[flag] = span.partial.get(flag, 0) | (
+            ((1 << (span.stop - span.first)) - 1) & ~marked
+        )
 
 
 class RedeliveryMemory:
@@ -355,4 +376,11 @@ class RedeliveryMemory:
                 reach = span.stop
                 if reach >= stop:
                     return True
+            elif (
+                stop - first == 1
+                and span.partial is not None
+                and span.stop > first
+                and span.partial.get(flag, 0) >> (first - span.first) & 1
+            ):
+                return True  # one id, acked in a run where others were not
         return False

@@ -7,13 +7,14 @@ shared by every subscriber (the log, the lanes, the resolution counts) belongs t
 the group.
 
 Parts: a subscriber's part in a run resolves once it is done with every event of
-the run. ``_parts[run]`` is ``[holds, clean]``: ``holds`` counts what keeps the
+the run. ``_parts[run]`` is ``[holds, marked]``: ``holds`` counts what keeps the
 part open, namely one *walk* hold from the first hand-out of the run until the
 window on its last event closed (or the rest of it was resolved otherwise), one
 per unconfirmed output bound to one of its events, and one per live batch binding
-with events of it; ``clean`` is 0 once this subscriber rejected or failed any event
-of it (then its ack is not remembered for redelivery). When ``holds`` drops to 0
-the group counts the part resolved (``Group.release``). A run of one event handed
+with events of it; ``marked`` has bit ``i`` set once this subscriber rejected or
+failed the run's event ``i`` (its acks of the others are remembered for
+redelivery). When ``holds`` drops to 0 the group counts the part resolved
+(``Group.release``). A run of one event handed
 by a pull (an event yielded alone) has no entry: its window and its outputs
 (``_outputs[run]``) hold it, and the last of them to go resolves it.
 """
@@ -92,7 +93,7 @@ class Subscription:
         #: Whether this subscriber's part in the open event is already resolved.
         self._current_resolved = False
         #: Runs this subscriber was handed events of and whose part is not resolved
-        #: (but runs of one event not in a batch binding): ``[holds, clean]`` (module
+        #: (but runs of one event not in a batch binding): ``[holds, marked]`` (module
         #: docstring). Invariant: ``holds >= 1``.
         self._parts: dict[Run, list[int]] = {}
         #: Unconfirmed outputs per event not resolved yet, the open window's
@@ -161,7 +162,7 @@ class Subscription:
                         self._pass(run)
                         continue
                     if run.count > 1 and ack_mode:
-                        self._parts[run] = [1, 1]  # the walk hold
+                        self._parts[run] = [1, 0]  # the walk hold
                     # A run of one event has no part entry: its open window and its
                     # outputs hold it, as they hold an event yielded alone.
                 self._cursor = cursor + 1
@@ -282,7 +283,7 @@ class Subscription:
             else:
                 key = (run, index)
                 if index == 0:
-                    parts[run] = [2, 1]  # the walk hold and the output
+                    parts[run] = [2, 0]  # the walk hold and the output
                 else:
                     parts[run][0] += 1
             self._current = run
@@ -366,7 +367,7 @@ class Subscription:
             self._cursor += stop - start
             taken.append((run, start, stop))
             if start == 0:
-                parts[run] = [1, 1]  # the binding's hold
+                parts[run] = [1, 0]  # the binding's hold
                 if stop < run.count:
                     parts[run][0] = 2  # and the walk's, until the rest is taken
             else:
@@ -435,20 +436,21 @@ class Subscription:
         """Whether this subscriber acked the event with id ``(*prefix, offset)``
         (``where``) of a run it is still busy with: a range of ids remembers a
         subscriber's acks only once its whole part in the run is done, so the run's
-        state is asked. Acked: handed, window closed, no output or batch still owing
-        it, and nothing of the run rejected or failed by this subscriber (else, in
-        doubt, not acked: a duplicate at worst)."""
+        state is asked. Acked: handed, window closed, not rejected or failed, and no
+        output or batch still owing it."""
         if where is None or not self._parts:
             return False
         prefix, offset = where
         for run, part in self._parts.items():
             memory = run.memory
-            if not isinstance(memory, _Spanned) or not part[1]:
+            if not isinstance(memory, _Spanned):
                 continue
             span = memory.span
             if span.prefix != prefix or not span.first <= offset < span.stop:
                 continue
             index = offset - span.first
+            if part[1] >> index & 1:
+                return False  # rejected or failed by this subscriber
             handed = self._cursor - run.position if self._seq == run.seq else run.count
             if index >= handed or (run is self._current and index == self._current_index):
                 return False
@@ -471,7 +473,7 @@ class Subscription:
             return  # its part ended then (``_resolved_in_window``)
         if run.count == 1:
             if run not in self._outputs:
-                self._group.part_done(self, run, True)
+                self._group.part_done(self, run, 0)
             return  # else the last confirmation acks it (``_output_confirmed``)
         index = self._current_index
         if index == run.count - 1:
@@ -485,7 +487,7 @@ class Subscription:
         a longer run, the walk through it is over (closing the window adds nothing)."""
         self._current_resolved = True
         if run.count == 1:
-            self._group.part_done(self, run, False)
+            self._group.part_done(self, run, 1)
         elif self._current_index == run.count - 1:
             self._group.release(self, run)
 
@@ -513,7 +515,7 @@ class Subscription:
         if run is self._current and index == self._current_index:
             self._resolved_in_window(run)
         elif run.count == 1:
-            group.part_done(self, run, False)  # its window closed before
+            group.part_done(self, run, 1)  # its window closed before
         if run.count > 1:
             group.release(self, run, count)
         self._discard_if_departed()
@@ -594,7 +596,7 @@ class Subscription:
         if not isinstance(target, tuple):
             # A run of one event: acked once its window is closed too.
             if target is not self._current:
-                self._group.part_done(self, target, True)
+                self._group.part_done(self, target, 0)
                 if self._left:
                     self._discard_if_departed()
             return True
