@@ -2,7 +2,8 @@
 
 A subscriber's part in an event resolves as ``acked`` only once its window on the
 event is closed *and* every output it bound inside that window was confirmed
-persisted. The registry maps each sequence number to ``(subscription, event)``;
+persisted. The registry maps each sequence number to ``(subscription, target)``,
+the target being one event of a run, ``(run, index)``, or a :class:`BatchBinding`;
 the subscription counts its unconfirmed outputs per event (``_outputs``).
 
 An entry is *live* while its event is still in its subscription's ``_outputs``
@@ -16,20 +17,19 @@ are swept at once, so the registry never keeps a stopped group alive.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 if TYPE_CHECKING:
     from ackgate._group import Resolution
-    from ackgate._log import Event
+    from ackgate._log import Run
     from ackgate._subscription import Subscription
 
 _SWEEP_MINIMUM = 1024
 
-
-def _position(event: Event) -> int:
-    return event.position
+#: One event as a binding target: the run itself for a run of one event (an event
+#: yielded alone), else ``(run, index)``.
+EventRef: TypeAlias = "Run | tuple[Run, int]"
 
 
 class BoundBatch(NamedTuple):
@@ -44,35 +44,67 @@ class BoundBatch(NamedTuple):
 
 
 class BatchBinding:
-    """One output bound to several events of one subscriber at once (``pull_batch``).
+    """One output bound to several events of one subscriber at once (``pull_batch``):
+    ``slices`` of runs, ``(run, start, stop)``, in stream order.
 
-    Invariant: an event of ``events`` is resolved for the subscriber either with
-    the whole binding or, before that, alone (``apart``), never twice.
+    Invariant: an event of the binding is resolved for the subscriber either with
+    the whole binding or, before that, alone (its batch index in ``apart``), never
+    twice. The binding holds one of its subscriber's holds on each run of
+    ``slices`` (``Subscription._parts``) until it is resolved.
     """
 
-    __slots__ = ("apart", "events")
+    __slots__ = ("apart", "size", "slices")
 
-    def __init__(self, events: list[Event]) -> None:
-        self.events = events
-        #: Events already resolved alone (``reject_in_batch``); ``None`` while none.
-        self.apart: set[Event] | None = None
+    def __init__(self, slices: list[tuple[Run, int, int]]) -> None:
+        self.slices = slices
+        self.size = sum(stop - start for _, start, stop in slices)
+        #: Batch indexes of the events already resolved alone (``reject_in_batch``).
+        self.apart: set[int] | None = None
 
-    def remaining(self) -> list[Event]:
-        """The events the binding still resolves, in stream order."""
+    def locate(self, index: int) -> tuple[Run, int]:
+        """The run and run index of the batch's ``index``-th event."""
+        for run, start, stop in self.slices:
+            if index < stop - start:
+                return run, start + index
+            index -= stop - start
+        raise IndexError(index)
+
+    def remaining(self) -> list[tuple[Run, int, int, list[int] | None]]:
+        """Per slice: ``(run, start, stop, indexes)``, where ``indexes`` lists the run
+        indexes the binding still resolves, or is ``None`` when that is all of
+        ``start .. stop - 1``."""
         apart = self.apart
-        if apart is None:
-            return self.events
-        return [event for event in self.events if event not in apart]
+        found: list[tuple[Run, int, int, list[int] | None]] = []
+        offset = 0
+        for run, start, stop in self.slices:
+            if apart is None:
+                found.append((run, start, stop, None))
+            else:
+                indexes = [start + i for i in range(stop - start) if offset + i not in apart]
+                found.append((run, start, stop, indexes))
+            offset += stop - start
+        return found
 
-    def owes(self, event: Event) -> bool:
-        """Whether the binding still resolves ``event`` (O(log n): ``events`` are in
-        stream order, so by increasing position)."""
-        events = self.events
-        index = bisect_left(events, event.position, key=_position)
-        return (
-            index < len(events)
-            and events[index] is event
-            and (self.apart is None or event not in self.apart)
+    def held_runs(self) -> list[Run]:
+        """The runs the binding still holds: those of its slices with an event it still
+        resolves (a slice whose events were all resolved alone let go of its run)."""
+        return [run for run, _, _, indexes in self.remaining() if indexes is None or indexes]
+
+    def owes_event(self, run: Run, index: int) -> bool:
+        """Whether the binding still resolves the event at ``index`` of ``run``."""
+        offset = 0
+        for slice_run, start, stop in self.slices:
+            if slice_run is run and start <= index < stop:
+                return self.apart is None or offset + index - start not in self.apart
+            offset += stop - start
+        return False
+
+    def owes(self, run: Run) -> bool:
+        """Whether the binding still resolves an event of ``run``."""
+        return any(
+            indexes is None or indexes
+            for slice_run, _, _, indexes in self.remaining()
+            if slice_run is run
         )
 
 
@@ -82,11 +114,11 @@ class OutputRegistry:
     __slots__ = ("_by_seq", "_next_seq", "_stale")
 
     def __init__(self) -> None:
-        self._by_seq: dict[int, tuple[Subscription, Event | BatchBinding]] = {}
+        self._by_seq: dict[int, tuple[Subscription, EventRef | BatchBinding]] = {}
         self._next_seq = 1
         self._stale = 0  # an upper bound of the stale entries in _by_seq
 
-    def bind(self, subscription: Subscription, target: Event | BatchBinding) -> int:
+    def bind(self, subscription: Subscription, target: EventRef | BatchBinding) -> int:
         seq = self._next_seq
         self._next_seq = seq + 1
         self._by_seq[seq] = (subscription, target)

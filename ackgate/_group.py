@@ -22,14 +22,14 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from ackgate._bindings import OutputRegistry
+from ackgate._bindings import BatchBinding, OutputRegistry
 from ackgate._errors import (
     AckTimeout,
     AdvanceFailed,
     StreamTerminated,
     SubscriberOverflow,
 )
-from ackgate._log import Event, EventLog
+from ackgate._log import EventLog, Run
 from ackgate._outcome import EventBatch
 from ackgate._producer import SharedStreamProducer
 from ackgate._redelivery import RedeliveryMemory
@@ -120,7 +120,7 @@ class Group:
         #: Ack mode: broadcast events not yet resolved, in broadcast order. Invariant:
         #: its first event, if any, is unresolved (pruned as events resolve).
         #: Later ones may be resolved already; they go when they reach the front.
-        self.unresolved: deque[Event] = deque()
+        self.unresolved: deque[Run] = deque()
         self._timer_wakeup: asyncio.Future[None] | None = None
         #: The clock's own way to wait for a deadline (``FakeClock.sleep_until``), if any.
         self._sleep_until: Callable[[float], Awaitable[None]] | None = getattr(
@@ -219,14 +219,12 @@ class Group:
         del self.members[sub.subscriber_id]
         self.active.discard(sub)
         if sub._failure is None and self.ack_mode:
-            current = sub._current
-            if current is not None and not sub._current_resolved:
+            run = sub._current
+            if run is not None:
                 if crashed:
-                    sub._current_resolved = True
-                    self.bindings.abandoned(sub._outputs.pop(current, 0))
-                    self.resolve(current, "failed")
+                    self._fail_current(sub, run)
                 else:
-                    sub._close_window(current)
+                    sub._close_window(run)
             sub._current = None
         if sub._failure is None:
             self._skip_queued(sub)  # a force-failed subscriber skipped them already
@@ -241,16 +239,41 @@ class Group:
             return self.stop_task
         return None
 
+    def _fail_current(self, sub: Subscription, run: Run) -> None:
+        """``sub`` crashed (or was force-failed) on its open event: it fails, with
+        whatever was bound to it; on the run's last event, the walk is over too."""
+        if not sub._current_resolved:
+            index = sub._current_index
+            count = sub._outputs.pop(run if run.count == 1 else (run, index), 0)
+            self.bindings.abandoned(count)
+            self.mark(sub, run, index, "failed", None)
+            sub._resolved_in_window(run)
+            if count and run.count > 1:
+                self.release(sub, run, count)
+        sub._current = None
+
     def _skip_queued(self, sub: Subscription) -> None:
         """``sub`` will never be handed its queued events: they resolve as failed,
-        except the copies of an id it acked (counted acked, as a hand-out would)."""
+        except the runs of ids it acked (counted acked, as a hand-out would)."""
         log = self.log
-        for position in range(sub._cursor, log.head):
-            event = log.at(position)
-            event.undelivered -= 1
-            if self.ack_mode and not (event.redelivered and sub._acked_earlier_copy(event)):
-                self.resolve(event, "failed")
+        ack_mode = self.ack_mode
+        if sub._cursor < log.head:
+            run = log.at(sub._seq)
+            start = sub._cursor - run.position
+            if start:  # the rest of a run it is walking through (of several events)
+                if ack_mode:
+                    for index in range(start, run.count):
+                        self.mark(sub, run, index, "failed", None)
+                    self.release(sub, run)
+                run.undelivered -= 1
+                sub._seq += 1
+            for seq in range(sub._seq, log.next_seq):
+                run = log.at(seq)
+                run.undelivered -= 1
+                if ack_mode and not (run.redelivered and sub._acked_earlier_copy(run)):
+                    self._resolve_unhanded(sub, run, "failed")
         sub._cursor = log.head
+        sub._seq = log.next_seq
         log.trim()
 
     def _wake(self, sub: Subscription) -> None:
@@ -262,102 +285,149 @@ class Group:
             sub._unusable.set()
 
     # -- resolution ----------------------------------------------------------------
+    #
+    # A subscriber resolves its part in a run: all of the run's events. Acks are the
+    # default (nothing is recorded per event); a reject or a failure of one event is
+    # a mark on the run (``mark``), of every event of a run it was never handed a
+    # count on the run (``_resolve_unhanded``). The part is resolved once nothing
+    # holds it any more (``release``); the run, once every part is.
 
-    def resolve_acked(self, event: Event, sub: Subscription) -> None:
-        """``sub``, in ``event``'s snapshot, moved past it with its outputs confirmed."""
-        assert event.pending > 0, "resolved more often than its snapshot allows"
-        cell = event.acked_cell
-        if cell is not None and sub._bit is not None:
-            cell[0] |= 1 << sub._bit
-        event.pending -= 1
-        if event.pending == 0:
-            self._resolved(event)
+    def release(self, sub: Subscription, run: Run, holds: int = 1) -> None:
+        """``holds`` of ``sub``'s holds on its part in ``run`` ended (module
+        ``ackgate._subscription``): the part is resolved once none is left."""
+        part = sub._parts.get(run)
+        if part is None:
+            assert self.terminal is not None, "a part is released only while open"
+            return  # the group stopped: its parts were abandoned
+        left = part[0] - holds
+        if left:
+            assert left > 0, "released more holds than were taken"
+            part[0] = left
+            return
+        del sub._parts[run]
+        self.part_done(sub, run, part[1])
 
-    def resolve_acked_all(self, events: list[Event], sub: Subscription) -> None:
-        """:meth:`resolve_acked` for each of ``events`` (a batch binding, SPEC §8):
-        the same effect, one loop instead of one call per event."""
-        bit = sub._bit
-        flag = 0 if bit is None else 1 << bit
-        tracker = self.tracker
-        resolved = False
-        for event in events:
-            cell = event.acked_cell
-            if cell is not None:
-                cell[0] |= flag
-            pending = event.pending - 1
-            assert pending >= 0, "resolved more often than its snapshot allows"
-            event.pending = pending
-            if not pending:
-                tracker.resolved(event)
-                resolved = True
-        if resolved:  # ``_resolved``'s pruning, once for the lot
-            unresolved = self.unresolved
-            while unresolved and unresolved[0].pending == 0:
-                unresolved.popleft()
+    def part_done(self, sub: Subscription, run: Run, marked: int) -> None:
+        """``sub`` resolved its part in ``run``: acked every event but those whose bits
+        are set in ``marked`` (rejected or failed)."""
+        memory = run.memory
+        if memory is not None and sub._bit is not None:
+            if not marked:
+                memory.ack(1 << sub._bit)  # acked every event of the run: remembered
+            elif run.count > 1 and marked != (1 << run.count) - 1:
+                memory.ack_except(marked, 1 << sub._bit)
+        pending = run.pending - 1
+        assert pending >= 0, "resolved more often than its snapshot allows"
+        run.pending = pending
+        if not pending:
+            self._resolved(run)
 
-    def resolve(
-        self, event: Event, how: Resolution, reason: str | None = None, by: int = 0
+    def mark(
+        self, sub: Subscription, run: Run, index: int, how: Resolution, reason: str | None
     ) -> None:
-        """One subscriber in ``event``'s snapshot failed or rejected it.
+        """``sub`` failed or rejected the event at ``index`` of ``run`` alone (its part
+        stays open until released). A reject ``reason`` (``"<id>: <reason>"``) is kept
+        for the outcome, ordered by the subscription order."""
+        run.mark(index, how == "failed")
+        part = sub._parts.get(run)
+        if part is not None:
+            part[1] |= 1 << index
+        if reason is not None and how == "rejected":
+            self._keep_reason(run, index, sub, reason)
 
-        A reject ``reason`` is kept for the outcome, ordered by ``by``: the
-        rejecting subscription's order (``Subscription._order``).
-        """
-        assert event.pending > 0, "resolved more often than its snapshot allows"
+    def _keep_reason(self, run: Run, index: int | None, sub: Subscription, reason: str) -> None:
+        self.tracker.reasons.setdefault(run, {}).setdefault(index, []).append((sub._order, reason))
+
+    def _resolve_unhanded(
+        self, sub: Subscription, run: Run, how: Resolution, reason: str | None = None
+    ) -> None:
+        """``sub`` resolves every event of ``run``, which it has no part in yet, as ``how``."""
         if how == "failed":
-            event.failed += 1
+            run.failed += 1
         else:
-            event.rejected += 1
+            run.rejected += 1
             if reason is not None:
-                self.tracker.reasons.setdefault(event, []).append((by, reason))
-        event.pending -= 1
-        if event.pending == 0:
-            self._resolved(event)
+                self._keep_reason(run, None, sub, reason)
+        pending = run.pending - 1
+        assert pending >= 0, "resolved more often than its snapshot allows"
+        run.pending = pending
+        if not pending:
+            self._resolved(run)
 
-    def _resolved(self, event: Event) -> None:
-        """``event`` is resolved by its whole snapshot: advance it, stop timing it.
+    def resolve_binding(
+        self, sub: Subscription, binding: BatchBinding, how: Resolution, reason: str | None
+    ) -> None:
+        """``sub`` resolves what ``binding`` still resolves as ``how``, and the binding
+        lets go of its runs. A slice that is a whole run counts once on the run."""
+        for run, start, stop, indexes in binding.remaining():
+            if indexes is None and start == 0 and stop == run.count:
+                # Every event of the run is in this binding: one count for the part.
+                sub._parts[run][1] = (1 << run.count) - 1
+                if how == "failed":
+                    run.failed += 1
+                else:
+                    run.rejected += 1
+                    if reason is not None:
+                        self._keep_reason(run, None, sub, reason)
+                self.release(sub, run)
+                continue
+            if indexes == []:
+                continue  # resolved alone already: the binding let go of the run then
+            for index in range(start, stop) if indexes is None else indexes:
+                self.mark(sub, run, index, how, reason)
+            self.release(sub, run)
+
+    def _resolved(self, run: Run) -> None:
+        """``run`` is resolved by its whole snapshot: advance it, stop timing it.
 
         Pruning ``unresolved`` here, not only when a timeout is checked, keeps
-        resolved events (and their raw payloads) from being held for up to
+        resolved runs (and their raw payloads) from being held for up to
         ``ack_timeout`` after they were advanced.
         """
-        self.tracker.resolved(event)
+        self.tracker.resolved(run)
         unresolved = self.unresolved
-        if unresolved and unresolved[0] is event:
+        if unresolved and unresolved[0] is run:
             unresolved.popleft()
             while unresolved and unresolved[0].pending == 0:
                 unresolved.popleft()
 
-    def force_fail(self, sub: Subscription, error: Exception, event: Event) -> None:
-        """Count ``sub`` failed on everything it owes; its next pull raises ``error``."""
+    def force_fail(self, sub: Subscription, error: Exception, run: Run, index: int) -> None:
+        """Count ``sub`` failed on everything it owes; its next pull raises ``error``.
+        ``run`` and ``index`` locate the event that made it fail (for the log line)."""
         logger.warning(
             "Subscriber force-failed (%s) key=%r subscriber_id=%r lane=%r position=%d",
             type(error).__name__,
             self.key,
             sub.subscriber_id,
-            event.lane_key(),
-            event.position,
+            run.lane_key(),
+            run.position + index,
         )
         sub._failure = error
         self.active.discard(sub)
         if self.ack_mode:
             current = sub._current
-            if current is not None and not sub._current_resolved:
-                sub._current_resolved = True
-                if current not in sub._outputs:
-                    self.resolve(current, "failed")
-            for owed, count in sub._outputs.items():
+            if current is not None:
+                self._fail_current(sub, current)
+            outputs = sub._outputs
+            sub._outputs = {}
+            for key, count in outputs.items():
                 self.bindings.abandoned(count)
-                self.resolve(owed, "failed")
-            sub._outputs.clear()
-            for batch in sub._batches:
-                for owed in batch.remaining():
-                    self.resolve(owed, "failed")
-            self.bindings.abandoned(len(sub._batches))
+                if isinstance(key, tuple):
+                    owed, index = key
+                    self.mark(sub, owed, index, "failed", None)
+                    self.release(sub, owed, count)
+                else:  # a run of one event
+                    self.mark(sub, key, 0, "failed", None)
+                    self.part_done(sub, key, 1)
+            batches = list(sub._batches)
             sub._batches.clear()
+            for batch in batches:
+                self.resolve_binding(sub, batch, "failed", None)
+            self.bindings.abandoned(len(batches))
             self.departed.discard(sub)
         if not sub._left:
             self._skip_queued(sub)
+        assert not self.ack_mode or not sub._parts, "a force-failed part stayed open"
         self._wake(sub)
         if self.blocked:
             self.room.set()
@@ -369,12 +439,12 @@ class Group:
         now = self.clock()
         unresolved = self.unresolved
         while unresolved:
-            event = unresolved[0]  # unresolved: ``_resolved`` pops resolved ones
-            if now - event.broadcast_at < self.ack_timeout:
+            run = unresolved[0]  # unresolved: ``_resolved`` pops resolved ones
+            if now - run.broadcast_at < self.ack_timeout:
                 return
             error_text = (
-                f"subscriber did not resolve the event at position {event.position} "
-                f"(lane {event.lane_key()!r}) within ack_timeout={self.ack_timeout}s. "
+                f"subscriber did not resolve the event at position {run.position} "
+                f"(lane {run.lane_key()!r}) within ack_timeout={self.ack_timeout}s. "
                 + (
                     "The group is paused until this subscriber is subscribed again; raise "
                     "ack_timeout if handling (and confirming outputs) can take longer."
@@ -385,27 +455,27 @@ class Group:
                 )
             )
             for sub in [*self.members.values(), *self.departed]:
-                if self._owes(sub, event):
-                    self.force_fail(sub, AckTimeout(error_text), event)
-            assert event.pending == 0, "every subscriber owing an expired event was failed"
-            assert not unresolved or unresolved[0] is not event
+                if self._owes(sub, run):
+                    self.force_fail(sub, AckTimeout(error_text), run, 0)
+            assert run.pending == 0, "every subscriber owing an expired run was failed"
+            assert not unresolved or unresolved[0] is not run
 
     @staticmethod
-    def _owes(sub: Subscription, event: Event) -> bool:
-        """Whether ``sub`` still owes ``event``, which fell due. A queued copy of an id
-        it acked since the broadcast is counted acked here, as its hand-out would
+    def _owes(sub: Subscription, run: Run) -> bool:
+        """Whether ``sub`` still owes part of ``run``, which fell due. A queued copy of
+        ids it acked since the broadcast is counted acked here, as its hand-out would
         count it (SPEC §13): that is no debt to be force-failed for."""
         if sub._failure is not None:
             return False
-        if event in sub._outputs or any(batch.owes(event) for batch in sub._batches):
+        if run in sub._parts or run in sub._outputs:
             return True
-        if sub._current is event:
-            return not sub._current_resolved
+        if sub._current is run:
+            return not sub._current_resolved  # a run of one event, its window open
         return (
             not sub._left
-            and sub._joined_at <= event.position
-            and sub._cursor <= event.position
-            and not (event.redelivered and sub._acked_earlier_copy(event))
+            and sub._joined_at <= run.position
+            and sub._cursor <= run.position
+            and not (run.redelivered and sub._acked_earlier_copy(run))
         )
 
     async def _watch_timeouts(self) -> None:
@@ -475,7 +545,7 @@ class Group:
                     if self.terminal is not None:
                         break
                 if not ack_mode:
-                    self._broadcast(item, None, None)
+                    self._broadcast((item,), (None,), None)
                 elif not (isinstance(item, tuple) and len(item) == 2):
                     raise TypeError(
                         "open_stream must yield (raw_event, broker_payload) pairs, "
@@ -488,7 +558,9 @@ class Group:
                     event_id = get_id(payload) if get_id is not None else None
                     if roster is not None and not await self._until_healthy():
                         break
-                    self._broadcast(raw, payload, lane_key, event_id)
+                    self._broadcast(
+                        (raw,), (payload,), lane_key, None if event_id is None else (event_id,)
+                    )
                     if tracker.outstanding >= max_outstanding:
                         assert tracker.outstanding == max_outstanding, "over max_outstanding"
                         # SPEC §9: pull nothing more until advances make room.
@@ -564,12 +636,13 @@ class Group:
         return made.open_stream(), made.get_advance_lane, False
 
     async def _broadcast_batch(self, batch: object, blocking: bool, fairness: int) -> int | None:
-        """Broadcast a fetched batch (``open_stream_batches``): every event as the
-        per-event poll would, waiting for room between events as it does (SPEC §3
+        """Broadcast a fetched batch (``open_stream_batches``) as runs: every event as
+        the per-event poll would, waiting for room between runs as it does (SPEC §3
         blocking, §7 health, §9 ``max_outstanding``) and yielding to the loop after
         every ``fairness`` events, so subscribers read before their queues fill up.
-        Returns how many events were broadcast, or ``None`` if the group ended
-        before all of them were."""
+        A run ends where the per-event poll would have changed something between two
+        events: room, health, an overflow. Returns how many events were broadcast,
+        or ``None`` if the group ended before all of them were."""
         if not isinstance(batch, EventBatch):
             raise TypeError(
                 f"open_stream_batches must yield EventBatch, got {type(batch).__name__}"
@@ -604,16 +677,22 @@ class Group:
             if self.roster is not None and not await self._until_healthy():
                 return None
             count = min(total - done, tracker.max_outstanding - tracker.outstanding, fairness)
+            room = queue_size - (self.log.head - self._min_cursor_hint)
+            if room < count:
+                # Perhaps a stale hint: ``_make_room`` returns at once while no member
+                # is active, and the members subscribed since start at the head.
+                room = queue_size - (self.log.head - self._refresh_min_cursor())
             if blocking:
-                room = queue_size - (self.log.head - self._min_cursor_hint)
                 if room <= 0:
-                    # A stale hint: ``_make_room`` returns at once while no member is
-                    # active, and the members subscribed since start at the head.
-                    room = queue_size - (self.log.head - self._refresh_min_cursor())
-                    if room <= 0:
-                        continue  # wait for room after all
+                    continue  # wait for room after all
                 count = min(count, room)
+            else:
+                # The run ends at the event that overflows a subscriber, if any: the
+                # events after it have a snapshot without that subscriber.
+                count = min(count, room + 1)
             assert count > 0, "room for at least one event"
+            if event_ids is not None and count > 1:
+                count = self.redelivery.run_length(event_ids, done, count)
             self._broadcast_run(raws, payloads, lane_key, event_ids, done, done + count)
             done += count
             if tracker.outstanding >= tracker.max_outstanding:
@@ -632,40 +711,16 @@ class Group:
         start: int,
         stop: int,
     ) -> None:
-        """``_broadcast`` for events ``start..stop`` of one lane, with one clock reading
-        and one wake-up for all of them. The caller made room for every one."""
-        tracker = self.tracker
-        lane, now, snapshot = self._about_to_broadcast(lane_key)
-        unresolved = self.unresolved
-        timer_idle = not unresolved
-        log = self.log
-        entries = log.entries
-        lane_events = lane.events
-        cells = None if event_ids is None else self.redelivery.cells(event_ids[start:stop])
-        queue_size = self._queue_size
-        tracker.outstanding += stop - start
-        for index in range(start, stop):
-            cell = None if cells is None else cells[index - start]
-            event = Event(log.head, raws[index], payloads[index], lane, snapshot, now, cell)
-            if cell is not None and cell[0] and snapshot:
-                self._carry_over(event, cell[0])
-            lane_events.append(event)
-            if event.pending:
-                unresolved.append(event)
-            else:
-                tracker.resolved(event)  # nobody to wait for
-            entries.append(event)
-            log.head += 1
-            if not snapshot:
-                log.trim()
-            elif log.head - self._min_cursor_hint > queue_size:
-                self._fail_overflowing(event)
-                snapshot = len(self.active)
-        if timer_idle and unresolved:
-            wakeup = self._timer_wakeup
-            if wakeup is not None and not wakeup.done():
-                wakeup.set_result(None)
-        self._wake_waiters()
+        """Broadcast events ``start..stop`` of a batch as one run. The caller made room
+        for every one of them, and made sure only the last may overflow a subscriber."""
+        # The run's own copy of its raw events: read now, as a per-event poll would
+        # read each event when it broadcasts it.
+        raws = raws[start:stop]
+        if start or stop < len(payloads):
+            payloads = payloads[start:stop]
+            if event_ids is not None:
+                event_ids = event_ids[start:stop]
+        self._broadcast(raws, payloads, lane_key, event_ids)
 
     def _about_to_broadcast(self, lane_key: Hashable) -> tuple[Lane, float, int]:
         """Ack mode, before broadcasting events of ``lane_key``: their lane, their
@@ -697,81 +752,93 @@ class Group:
             waiters.clear()  # each pull also discards its own: see ``waiters``
 
     def _broadcast(
-        self, raw: Any, payload: Any, lane_key: Hashable, event_id: Hashable = None
+        self,
+        raws: Sequence[Any],
+        payloads: Sequence[Any],
+        lane_key: Hashable,
+        event_ids: Sequence[Hashable] | None = None,
     ) -> None:
-        # Once per event: the tracker's bookkeeping is inlined here.
+        """Append one run (``raws``, one or more events of one lane) to the log. The
+        caller made room for it; only its last event may overflow a subscriber."""
         log = self.log
         if self.ack_mode:
             tracker = self.tracker
             lane, now, snapshot = self._about_to_broadcast(lane_key)
-            unresolved = self.unresolved
-            cell = None if event_id is None else self.redelivery.cells((event_id,))[0]
-            event = Event(log.head, raw, payload, lane, snapshot, now, cell)
-            if cell is not None and cell[0] and snapshot:
-                self._carry_over(event, cell[0])
-            lane.events.append(event)
-            tracker.outstanding += 1
-            if event.pending:
+            memory = None if event_ids is None else self.redelivery.remember(event_ids)
+            run = Run(log.next_seq, log.head, raws, payloads, lane, snapshot, now, memory)
+            if run.redelivered and snapshot:
+                self._carry_over(run)
+            lane.runs.append(run)
+            tracker.outstanding += run.count
+            if run.pending:
+                unresolved = self.unresolved
                 wakeup = self._timer_wakeup
                 if not unresolved and wakeup is not None and not wakeup.done():
                     wakeup.set_result(None)
-                unresolved.append(event)
+                unresolved.append(run)
             else:
-                tracker.resolved(event)  # nobody to wait for
+                tracker.resolved(run)  # nobody to wait for
         else:
             snapshot = len(self.active)
-            event = Event(log.head, raw, None, None, snapshot, 0.0)
-        log.append(event)
+            run = Run(log.next_seq, log.head, raws, payloads, None, snapshot, 0.0)
+        log.append(run)
         if snapshot and log.head - self._min_cursor_hint > self._queue_size:
-            self._fail_overflowing(event)
+            self._fail_overflowing(run)
         self._wake_waiters()
 
-    def _carry_over(self, event: Event, acked_before: int) -> None:
-        """A redelivered copy: who acked an earlier copy is counted acked at once."""
+    def _carry_over(self, run: Run) -> None:
+        """A redelivered copy: who acked an earlier copy of every event of it is
+        counted acked at once (and passes it without being handed it)."""
+        memory = run.memory
+        assert memory is not None
         skipped = 0
         for sub in self.active:
             bit = sub._bit
-            if bit is not None and acked_before >> bit & 1:
+            if bit is not None and (
+                memory.acked_by(1 << bit) or sub._acked_in_open_part(memory.in_range)
+            ):
                 skipped |= 1 << bit
-                event.pending -= 1
-                self._count_skip(sub)
-        event.skipped = skipped
+                run.pending -= 1
+                self._count_skip(sub, run.count)
+        run.skipped = skipped
 
-    def skip_at_hand_out(self, event: Event, sub: Subscription, flag: int) -> None:
+    def skip_at_hand_out(self, run: Run, sub: Subscription, flag: int) -> None:
         """Caller: ``Subscription._acked_earlier_copy``. ``sub`` acked an earlier copy
-        of ``event`` after its broadcast and is not handed it: counted acked for it
-        now, exactly as ``_carry_over`` would have at the broadcast."""
-        assert event.pending > 0, "resolved more often than its snapshot allows"
-        event.skipped |= flag
-        self._count_skip(sub)
-        event.pending -= 1
-        if event.pending == 0:
-            self._resolved(event)
+        of every event of ``run`` after its broadcast and is not handed it: counted
+        acked for it now, exactly as ``_carry_over`` would have at the broadcast."""
+        assert run.pending > 0, "resolved more often than its snapshot allows"
+        run.skipped |= flag
+        self._count_skip(sub, run.count)
+        run.pending -= 1
+        if run.pending == 0:
+            self._resolved(run)
 
-    def _count_skip(self, sub: Subscription) -> None:
+    def _count_skip(self, sub: Subscription, events: int) -> None:
         by = self.redeliveries_skipped_by
-        by[sub.subscriber_id] = by.get(sub.subscriber_id, 0) + 1
-        self.redeliveries_skipped += 1
+        by[sub.subscriber_id] = by.get(sub.subscriber_id, 0) + events
+        self.redeliveries_skipped += events
 
     def _refresh_min_cursor(self) -> int:
         self._min_cursor_hint = min((sub._cursor for sub in self.active), default=self.log.head)
         return self._min_cursor_hint
 
-    def _fail_overflowing(self, event: Event) -> None:
+    def _fail_overflowing(self, run: Run) -> None:
         head = self.log.head
         if head - self._refresh_min_cursor() <= self._queue_size:
             return
+        position = run.position + run.count - 1
         for sub in [s for s in self.active if head - s._cursor > self._queue_size]:
             self.force_fail(
                 sub,
                 SubscriberOverflow(
                     f"more than subscriber_queue_size={self._queue_size} unread events "
-                    f"at position {event.position}: the subscriber fell behind and later "
+                    f"at position {position}: the subscriber fell behind and later "
                     "events are advanced without it. Declare roster= if it must see every "
                     'event (a rostered group waits for room), or use overflow="block", '
                     "or a larger subscriber_queue_size."
                 ),
-                event,
+                run,
+                run.count - 1,
             )
         self._refresh_min_cursor()
 
@@ -802,6 +869,7 @@ class Group:
             abandoned += sum(sub._outputs.values()) + len(sub._batches)
             sub._outputs.clear()
             sub._batches.clear()
+            sub._parts.clear()
             if sub._current is not None:
                 sub._current_resolved = True
         self.departed.clear()

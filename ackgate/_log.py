@@ -1,118 +1,160 @@
-"""The fan-out log: one shared append-only log per group, one cursor per subscriber.
+"""The fan-out log: one shared append-only log of runs per group, one cursor per subscriber.
 
-Fan-out is O(1) per event whatever the number of subscribers: the poll appends an
-event once, and each subscriber reads it by moving its own cursor (as in the LMAX
-Disruptor). A subscriber's unread count is ``log.head - cursor``. An entry leaves
-the log once every subscriber in its snapshot has either been handed it or stopped
-owing it, which keeps memory proportional to the slowest reader's lag.
+A *run* is a stretch of consecutive events of one lane broadcast together (a
+producer's :class:`~ackgate.EventBatch`, or part of one; a single event from
+``open_stream``). It travels through the group as one unit: one log entry, one
+pending count, one tracker item in its lane, one advance. Per-event state exists
+only where an event was treated differently from the rest of its run (a reject, a
+failure), as a sparse mark.
+
+Fan-out is O(1) per run whatever the number of subscribers: the poll appends a
+run once, and each subscriber reads it by moving its own cursor (as in the LMAX
+Disruptor). A subscriber's unread count is ``log.head - cursor`` (positions count
+events). A run leaves the log once every subscriber in its snapshot has moved its
+cursor past it or stopped owing it, which keeps memory proportional to the slowest
+reader's lag.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ackgate._outcome import AdvanceOutcome
+
 if TYPE_CHECKING:
+    from ackgate._redelivery import Remembered
     from ackgate._tracker import Lane
 
 
-class Event:
-    """One raw event of a group, shared by every subscriber in its snapshot.
+class Run:
+    """Consecutive events of one lane, shared by every subscriber in their snapshot.
 
-    Invariants (checked by ``tests/core/test_stateful.py``):
-    ``acked + failed + rejected + pending == snapshot`` at all times (``acked`` is
-    derived, so a subscriber's ack costs one decrement), and
-    ``undelivered <= pending + popcount(skipped)``: nobody is handed an event it no
-    longer owes (subscribers in ``skipped`` pass it without being handed it), and
-    ``skipped`` is nonzero only if ``redelivered``.
+    A subscriber's *part* in a run is every event of it. ``pending`` counts the
+    subscribers in the snapshot whose part is not resolved yet; the run is advanced
+    once it is 0 (and its lane's earlier runs were advanced).
+
+    How each subscriber resolved each event: a subscriber that resolved its whole
+    part one way without being handed any of it (it left or failed before, or a
+    whole batch it held failed) counts once in ``failed`` / ``rejected``; one that
+    treated single events differently counts per event in ``marks`` (index ->
+    ``[failed, rejected]``); every other member of the snapshot acked the event.
+
+    Invariants (checked by ``tests/core/test_stateful.py``): for every index,
+    ``failed + rejected + marks[i] <= snapshot`` and, once ``pending`` is 0,
+    ``acked = snapshot - failed - rejected - sum(marks[i])`` for each event;
+    ``undelivered`` counts the subscribers in the snapshot whose cursor has not
+    passed the run yet (or who still might be handed part of it); ``skipped`` holds
+    the bits of the subscribers counted acked because they acked an earlier copy of
+    every event of the run, and is nonzero only if ``redelivered``.
     """
 
     __slots__ = (
-        "acked_cell",
         "broadcast_at",
+        "count",
         "failed",
         "lane",
-        "payload",
+        "marks",
+        "memory",
+        "payloads",
         "pending",
         "position",
-        "raw",
+        "raws",
         "redelivered",
         "rejected",
+        "seq",
         "skipped",
         "snapshot",
         "undelivered",
     )
 
-    def lane_key(self) -> Hashable:
-        return None if self.lane is None else self.lane.key
-
     def __init__(
         self,
+        seq: int,
         position: int,
-        raw: Any,
-        payload: Any,
+        raws: Sequence[Any],
+        payloads: Sequence[Any],
         lane: Lane | None,
         snapshot: int,
         broadcast_at: float,
-        acked_cell: list[int] | None = None,
+        memory: Remembered | None = None,
     ) -> None:
+        #: The run's index in the group's log (0, 1, 2, ...).
+        self.seq = seq
+        #: Stream position of the run's first event; its events are at
+        #: ``position .. position + count - 1``.
         self.position = position
-        self.raw = raw
-        self.payload = payload
+        self.count = len(raws)
+        self.raws = raws
+        self.payloads = payloads
         self.lane = lane
         self.snapshot = snapshot
-        #: Subscribers in the snapshot that have not resolved the event yet.
         self.pending = snapshot
-        #: Subscribers in the snapshot that have not been handed the event yet.
         self.undelivered = snapshot
         self.broadcast_at = broadcast_at
-        #: The redelivery memory's cell of the event's id (SPEC §13): the bits of the
-        #: subscribers that acked a copy of it. ``None`` when the event has no id.
-        self.acked_cell = acked_cell
-        #: Whether a copy of the event's id was broadcast before in this group: only
+        #: The redelivery memory's record of the run's ids (SPEC §13), if it has ids.
+        self.memory = memory
+        #: Whether an earlier copy of one of its ids was broadcast in this group: only
         #: then may a subscriber have acked an earlier copy, and a hand-out check it.
-        self.redelivered = acked_cell is not None and acked_cell[1] > 1
-        #: Bits of the subscribers counted acked because they acked an earlier copy of
-        #: the event's id, before its broadcast or before its hand-out: they pass the
-        #: event without being handed it.
+        self.redelivered = memory is not None and memory.redelivered
         self.skipped = 0
         self.failed = 0
         self.rejected = 0
+        self.marks: dict[int, list[int]] | None = None
 
-    @property
-    def acked(self) -> int:
-        """Subscribers in the snapshot that acked the event (or an earlier copy)."""
-        return self.snapshot - self.pending - self.failed - self.rejected
+    def lane_key(self) -> Hashable:
+        return None if self.lane is None else self.lane.key
+
+    def mark(self, index: int, failed: bool) -> None:
+        """One subscriber resolved the event at ``index`` alone: failed or rejected."""
+        marks = self.marks
+        if marks is None:
+            marks = self.marks = {}
+        counts = marks.get(index)
+        if counts is None:
+            counts = marks[index] = [0, 0]
+        counts[0 if failed else 1] += 1
+
+    def outcome_of(self, index: int, reasons: tuple[str, ...] = ()) -> AdvanceOutcome:
+        """The event's outcome (for tests and per-event advances; the tracker shares
+        outcome objects)."""
+        failed, rejected = self.failed, self.rejected
+        if self.marks is not None and index in self.marks:
+            failed += self.marks[index][0]
+            rejected += self.marks[index][1]
+        return AdvanceOutcome(self.snapshot - failed - rejected, failed, rejected, reasons)
 
 
 class EventLog:
-    """Events not yet handed to every subscriber that owes them, in broadcast order.
+    """Runs not yet passed by every subscriber that owes them, in broadcast order.
 
-    ``head`` is the position the next appended event gets. Positions are the
-    events' positions in the stream (0, 1, 2, ...), so a cursor is a position.
+    ``head`` is the position the next broadcast event gets, ``next_seq`` the index
+    the next run gets. ``entries[0]`` is the run with index ``base``. Invariant:
+    ``base + len(entries) == next_seq``.
     """
 
-    __slots__ = ("base", "entries", "head")
+    __slots__ = ("base", "entries", "head", "next_seq")
 
     def __init__(self) -> None:
-        self.entries: deque[Event] = deque()
-        #: Position of ``entries[0]``. Invariant: ``base + len(entries) == head``.
+        self.entries: deque[Run] = deque()
         self.base = 0
         self.head = 0
+        self.next_seq = 0
 
-    def append(self, event: Event) -> None:
-        assert event.position == self.head
-        self.entries.append(event)
-        self.head += 1
-        if event.undelivered == 0:
+    def append(self, run: Run) -> None:
+        assert run.position == self.head and run.seq == self.next_seq
+        self.entries.append(run)
+        self.head += run.count
+        self.next_seq += 1
+        if run.undelivered == 0:
             self.trim()
 
-    def at(self, position: int) -> Event:
-        return self.entries[position - self.base]
+    def at(self, seq: int) -> Run:
+        return self.entries[seq - self.base]
 
     def trim(self) -> None:
-        """Drop leading entries that nobody will be handed any more."""
+        """Drop leading runs that nobody will be handed any part of any more."""
         entries = self.entries
         while entries and entries[0].undelivered == 0:
             entries.popleft()

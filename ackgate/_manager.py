@@ -300,9 +300,7 @@ class SharedStreamManager:
                     mode="ack" if group.ack_mode else "fast",
                     subscribers=len(group.members) - failed,
                     outstanding=tracker.outstanding,
-                    lanes=sum(
-                        1 for lane in tracker.lanes.values() if lane.events or lane.in_flight
-                    ),
+                    lanes=sum(1 for lane in tracker.lanes.values() if lane.runs or lane.in_flight),
                     oldest_outstanding_age=0.0 if oldest is None else max(0.0, now - oldest),
                     advanced_events=tracker.advanced_events,
                     advance_calls=tracker.advance_calls,

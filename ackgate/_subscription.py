@@ -1,9 +1,22 @@
 """One subscriber's view of a group: an async iterator of raw events with a window.
 
 The subscription owns its per-subscriber state: its cursor into the group's
-fan-out log, the event it is on (its open window) and the bindings of outputs it
-derived. State shared by every subscriber (the log, the lanes, the resolution
-counts) belongs to the group.
+fan-out log, the event it is on (its open window), its *parts* (the runs it was
+handed some of and has not finished) and the bindings of outputs it derived. State
+shared by every subscriber (the log, the lanes, the resolution counts) belongs to
+the group.
+
+Parts: a subscriber's part in a run resolves once it is done with every event of
+the run. ``_parts[run]`` is ``[holds, marked]``: ``holds`` counts what keeps the
+part open, namely one *walk* hold from the first hand-out of the run until the
+window on its last event closed (or the rest of it was resolved otherwise), one
+per unconfirmed output bound to one of its events, and one per live batch binding
+with events of it; ``marked`` has bit ``i`` set once this subscriber rejected or
+failed the run's event ``i`` (its acks of the others are remembered for
+redelivery). When ``holds`` drops to 0 the group counts the part resolved
+(``Group.release``). A run of one event handed
+by a pull (an event yielded alone) has no entry: its window and its outputs
+(``_outputs[run]``) hold it, and the last of them to go resolves it.
 """
 
 from __future__ import annotations
@@ -12,15 +25,15 @@ import asyncio
 import logging
 from collections.abc import Hashable
 from contextvars import ContextVar
-from itertools import islice
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from ackgate._bindings import BatchBinding, BoundBatch
+from ackgate._bindings import BatchBinding, BoundBatch, EventRef
+from ackgate._redelivery import _Spanned
 
 if TYPE_CHECKING:
     from ackgate._group import Group, Resolution
-    from ackgate._log import Event
+    from ackgate._log import Run
 
 logger = logging.getLogger("ackgate.subscription")
 
@@ -70,13 +83,23 @@ class Subscription:
         self._joined_at = position
         #: Next stream position to hand out. Invariant: ``_joined_at <= _cursor <= log.head``.
         self._cursor = position
-        #: The event whose window is open, if any.
-        self._current: Event | None = None
-        #: Whether this subscriber's part in ``_current`` is already resolved.
+        #: Index of the run holding ``_cursor`` (``log.next_seq`` at the head).
+        #: Invariant: a subscriber joins at a run boundary, so it enters every run
+        #: it reads at the run's first event.
+        self._seq = group.log.next_seq
+        #: The run whose event's window is open, if any, and that event's index.
+        self._current: Run | None = None
+        self._current_index = 0
+        #: Whether this subscriber's part in the open event is already resolved.
         self._current_resolved = False
-        #: Unconfirmed outputs per event whose part is not resolved yet, the open
-        #: window's included. Invariant: never holds an event this subscriber resolved.
-        self._outputs: dict[Event, int] = {}
+        #: Runs this subscriber was handed events of and whose part is not resolved
+        #: (but runs of one event not in a batch binding): ``[holds, marked]`` (module
+        #: docstring). Invariant: ``holds >= 1``.
+        self._parts: dict[Run, list[int]] = {}
+        #: Unconfirmed outputs per event not resolved yet, the open window's
+        #: included, keyed by the run for a run of one event, else ``(run, index)``.
+        #: Invariant: never holds an event this subscriber resolved.
+        self._outputs: dict[EventRef, int] = {}
         #: Live batch bindings (``pull_batch``), in binding order. Invariant: an event
         #: is owed through at most one of ``_outputs`` and a binding here.
         self._batches: dict[BatchBinding, None] = {}
@@ -110,7 +133,7 @@ class Subscription:
         while waiting hands out nothing and changes nothing.
         """
         # The hot path of the whole library: once per event per subscriber. Kept
-        # flat on purpose (the log lookup is inlined).
+        # flat on purpose (the log lookup and the hand-out are inlined).
         group = self._group
         if self._left:
             raise StopAsyncIteration
@@ -130,18 +153,25 @@ class Subscription:
                 raise group.terminal_error()
             cursor = self._cursor
             if cursor < log.head:
-                event = log.entries[cursor - log.base]
+                run = log.entries[self._seq - log.base]
+                index = cursor - run.position
+                if index == 0:
+                    if run.redelivered and ack_mode and self._acked_earlier_copy(run):
+                        # Counted acked (it acked an earlier copy): pass it. A poll
+                        # waiting for room may be waiting for exactly this cursor.
+                        self._pass(run)
+                        continue
+                    if run.count > 1 and ack_mode:
+                        self._parts[run] = [1, 0]  # the walk hold
+                    # A run of one event has no part entry: its open window and its
+                    # outputs hold it, as they hold an event yielded alone.
                 self._cursor = cursor + 1
-                event.undelivered -= 1
-                if event.undelivered == 0:
-                    log.trim()
-                if not (event.redelivered and self._acked_earlier_copy(event)):
-                    break
-                # Counted acked (it acked an earlier copy): pass it. A poll waiting
-                # for room may be waiting for exactly this cursor.
-                if group.blocked:
-                    group.room.set()
-                continue
+                if index == run.count - 1:
+                    self._seq += 1
+                    run.undelivered -= 1
+                    if run.undelivered == 0:
+                        log.trim()
+                break
             waiter = self._waiter = asyncio.get_running_loop().create_future()
             waiters = group.waiters
             waiters.add(waiter)
@@ -155,11 +185,52 @@ class Subscription:
         if group.blocked:
             group.room.set()
         if ack_mode:
-            self._current = event
+            self._current = run
+            self._current_index = index
             self._current_resolved = False
             if _current_subscription.get() is not self:
                 _current_subscription.set(self)
-        return event.raw
+        return run.raws[index]
+
+    def _pass(self, run: Run) -> None:
+        """Move the cursor past ``run`` without handing it out (it was skipped)."""
+        self._cursor = run.position + run.count
+        self._seq += 1
+        run.undelivered -= 1
+        group = self._group
+        if run.undelivered == 0:
+            group.log.trim()
+        if group.blocked:
+            group.room.set()
+
+    async def _wait_queued(self) -> None:
+        """Wait until an event is queued for this subscriber; raise what a pull raises.
+        Cancellation: nothing changes."""
+        group = self._group
+        while True:
+            if self._left:
+                raise StopAsyncIteration
+            if self._failure is not None:
+                raise self._failure
+            if group.terminal is not None:
+                raise group.terminal_error()
+            if self._cursor < group.log.head:
+                return
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            waiters = group.waiters
+            waiters.add(waiter)
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+                waiters.discard(waiter)
+
+    def _before_bulk_pull(self, max_events: int, what: str) -> None:
+        group = self._group
+        if not group.ack_mode:
+            raise RuntimeError(f"{what}() needs an ack-mode subscription (producer=)")
+        if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
+            raise ValueError(f"max_events must be an int >= 1, got {max_events!r}")
 
     async def pull_bound(self, max_events: int) -> list[tuple[Any, int]]:
         """Pull up to ``max_events`` events at once, each with one output bound to it.
@@ -181,25 +252,48 @@ class Subscription:
         >= 1 (``ValueError``). Raises what a pull raises. Cancellation while waiting
         hands out nothing and changes nothing.
         """
-        group = self._group
-        if not group.ack_mode:
-            raise RuntimeError("pull_bound() needs an ack-mode subscription (producer=)")
-        if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
-            raise ValueError(f"max_events must be an int >= 1, got {max_events!r}")
+        self._before_bulk_pull(max_events, "pull_bound")
         raw = await self.__anext__()
         seq = self.bind()
         assert seq is not None, "an event just handed out is this subscriber's to bind"
         pulled = [(raw, seq)]
+        if max_events == 1:
+            return pulled
+        group = self._group
+        log = group.log
         outputs = self._outputs
+        parts = self._parts
         bind = self._registry.bind
-        for event in self._take_queued(max_events - 1):
+        while len(pulled) < max_events and self._cursor < log.head:
+            run = log.entries[self._seq - log.base]
+            index = self._cursor - run.position
+            if index == 0 and run.redelivered and self._acked_earlier_copy(run):
+                self._pass(run)
+                continue
             current = self._current
-            assert current is not None and current in outputs, "the open window is bound"
+            assert current is not None, "the open window is bound"
             self._close_window(current)  # unresolved until its output resolves
-            self._current = event
+            self._cursor += 1
+            if index == run.count - 1:
+                self._seq += 1
+                run.undelivered -= 1
+            key: EventRef
+            if run.count == 1:
+                key = run  # no part entry: the output is its hold (``_output_confirmed``)
+            else:
+                key = (run, index)
+                if index == 0:
+                    parts[run] = [2, 0]  # the walk hold and the output
+                else:
+                    parts[run][0] += 1
+            self._current = run
+            self._current_index = index
             self._current_resolved = False
-            outputs[event] = 1
-            pulled.append((event.raw, bind(self, event)))
+            outputs[key] = 1
+            pulled.append((run.raws[index], bind(self, key)))
+        log.trim()
+        if group.blocked:
+            group.room.set()  # a poll waiting for room may wait for exactly this cursor
         return pulled
 
     async def pull_batch(self, max_events: int) -> BoundBatch:
@@ -221,47 +315,68 @@ class Subscription:
           subscriber is force-failed, as for any unconfirmed output.
 
         Leaving does not resolve a batch (its windows are closed): resolve it
-        first, with ``fail_bound`` if the handler crashed. Costs one loop step per
-        event, not one call: this is the bulk path of batching consumers.
+        first, with ``fail_bound`` if the handler crashed. Costs one step per run
+        of events broadcast together, not one per event: this is the bulk path of
+        batching consumers.
 
         Ack mode only (``RuntimeError`` otherwise); ``max_events`` must be an int
         >= 1 (``ValueError``). Raises what a pull raises. Cancellation while waiting
         hands out nothing and changes nothing.
         """
+        self._before_bulk_pull(max_events, "pull_batch")
         group = self._group
-        if not group.ack_mode:
-            raise RuntimeError("pull_batch() needs an ack-mode subscription (producer=)")
-        if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
-            raise ValueError(f"max_events must be an int >= 1, got {max_events!r}")
-        await self.__anext__()
-        first = self._current
-        assert first is not None and not self._current_resolved, "a pull opens a window"
-        self._current = None  # closed at once: the batch binding holds the event
-        events = [first, *self._take_queued(max_events - 1)]
-        binding = BatchBinding(events)
+        if self._left:
+            raise StopAsyncIteration
+        unresolved = group.unresolved
+        if unresolved and group.clock() - unresolved[0].broadcast_at >= group.ack_timeout:
+            group.expire()
+        current = self._current
+        if current is not None:
+            self._close_window(current)
+        while True:
+            await self._wait_queued()
+            slices = self._take_slices(max_events)
+            if slices:
+                break
+        binding = BatchBinding(slices)
         self._batches[binding] = None
-        return BoundBatch([event.raw for event in events], self._registry.bind(self, binding))
+        if len(slices) == 1:
+            # A copy even of a whole run: every subscriber gets its own list.
+            run, start, stop = slices[0]
+            events = list(run.raws[start:stop])
+        else:
+            events = [raw for run, start, stop in slices for raw in run.raws[start:stop]]
+        return BoundBatch(events, self._registry.bind(self, binding))
 
-    def _take_queued(self, limit: int) -> list[Event]:
-        """Up to ``limit`` events already queued for this subscriber, in stream order,
-        for a bulk hand-out; the cursor moves past them and past the copies it passes
-        (counted acked: it acked an earlier copy). Mirrors the hand-out of
-        ``__anext__`` (kept inline there: the hot path), one loop step per event."""
+    def _take_slices(self, limit: int) -> list[tuple[Run, int, int]]:
+        """Up to ``limit`` queued events, as slices of runs, in stream order, each run
+        held by the binding about to be made; the cursor moves past them and past the
+        runs it passes (counted acked: it acked an earlier copy)."""
         group = self._group
         log = group.log
-        taken: list[Event] = []
-        if limit <= 0 or self._cursor == log.head:
-            return taken
-        passed = 0
-        for event in islice(log.entries, self._cursor - log.base, None):
-            if len(taken) == limit:
-                break
-            passed += 1
-            event.undelivered -= 1
-            if event.redelivered and self._acked_earlier_copy(event):
+        parts = self._parts
+        taken: list[tuple[Run, int, int]] = []
+        while limit > 0 and self._cursor < log.head:
+            run = log.entries[self._seq - log.base]
+            start = self._cursor - run.position
+            if start == 0 and run.redelivered and self._acked_earlier_copy(run):
+                self._pass(run)
                 continue
-            taken.append(event)
-        self._cursor += passed
+            stop = min(run.count, start + limit)
+            limit -= stop - start
+            self._cursor += stop - start
+            taken.append((run, start, stop))
+            if start == 0:
+                parts[run] = [1, 0]  # the binding's hold
+                if stop < run.count:
+                    parts[run][0] = 2  # and the walk's, until the rest is taken
+            else:
+                parts[run][0] += 1
+            if stop == run.count:
+                self._seq += 1
+                run.undelivered -= 1
+                if start != 0:
+                    group.release(self, run)  # the walk is over
         log.trim()
         if group.blocked:
             group.room.set()  # a poll waiting for room may wait for exactly this cursor
@@ -292,42 +407,92 @@ class Subscription:
                 self._unusable = asyncio.Event()
             await self._unusable.wait()
 
-    def _acked_earlier_copy(self, event: Event) -> bool:
-        """Whether this subscriber, in the snapshot of ``event`` (a redelivered copy),
-        acked an earlier copy of it (SPEC §13): then it is not handed ``event``.
+    def _acked_earlier_copy(self, run: Run) -> bool:
+        """Whether this subscriber, in the snapshot of ``run`` (a redelivered copy)
+        and not handed any of it, acked an earlier copy of every one of its events
+        (SPEC §13): then it is not handed ``run``.
 
-        Caller: every hand-out (``__anext__``, ``_take_queued``) and what resolves the
-        events still queued for it (leaving, a force-fail, the end of the group, the
-        ack timeout). An ack made before the broadcast was counted then
-        (``Group._carry_over``); one made since is counted at the first call, the same
-        way: ``acked``, and one more redelivery skipped. Its bit in ``event.skipped``
-        makes later calls count nothing.
+        Caller: every hand-out (``__anext__``, ``pull_bound``, ``_take_slices``) and
+        what resolves the runs still queued for it (leaving, a force-fail, the end of
+        the group, the ack timeout). An ack made before the broadcast was counted
+        then (``Group._carry_over``); one made since is counted at the first call, the
+        same way: ``acked``, and its events' redeliveries skipped. Its bit in
+        ``run.skipped`` makes later calls count nothing.
         """
         bit = self._bit
         if bit is None:
             return False
-        cell = event.acked_cell
-        assert cell is not None, "a redelivered copy has its id's cell"
         flag = 1 << bit
-        if not cell[0] & flag:
+        if run.skipped & flag:
+            return True
+        memory = run.memory
+        assert memory is not None, "a redelivered copy has its ids' record"
+        if not memory.acked_by(flag) and not self._acked_in_open_part(memory.in_range):
             return False
-        if not event.skipped & flag:
-            self._group.skip_at_hand_out(event, self, flag)
+        self._group.skip_at_hand_out(run, self, flag)
         return True
+
+    def _acked_in_open_part(self, where: tuple[tuple[Hashable, ...], int] | None) -> bool:
+        """Whether this subscriber acked the event with id ``(*prefix, offset)``
+        (``where``) of a run it is still busy with: a range of ids remembers a
+        subscriber's acks only once its whole part in the run is done, so the run's
+        state is asked. Acked: handed, window closed, not rejected or failed, and no
+        output or batch still owing it."""
+        if where is None or not self._parts:
+            return False
+        prefix, offset = where
+        for run, part in self._parts.items():
+            memory = run.memory
+            if not isinstance(memory, _Spanned):
+                continue
+            span = memory.span
+            if span.prefix != prefix or not span.first <= offset < span.stop:
+                continue
+            index = offset - span.first
+            if part[1] >> index & 1:
+                return False  # rejected or failed by this subscriber
+            handed = self._cursor - run.position if self._seq == run.seq else run.count
+            if index >= handed or (run is self._current and index == self._current_index):
+                return False
+            if (run, index) in self._outputs:
+                return False
+            return not any(batch.owes_event(run, index) for batch in self._batches)
+        return False
 
     @property
     def redeliveries_skipped(self) -> int:
         """Redelivered copies this subscriber id was not handed: it had acked them."""
         return self._group.redeliveries_skipped_by.get(self.subscriber_id, 0)
 
-    def _close_window(self, event: Event) -> None:
+    def _close_window(self, run: Run) -> None:
+        """The window on the open event closes: acked, unless an output bound to it is
+        unconfirmed (the last confirmation acks it) or it was resolved otherwise. On
+        the run's last event, the walk through the run is over."""
         self._current = None
-        if not self._current_resolved and event not in self._outputs:
-            self._group.resolve_acked(event, self)
-        # Otherwise the last confirmation resolves it (``_output_confirmed``).
+        if self._current_resolved:
+            return  # its part ended then (``_resolved_in_window``)
+        if run.count == 1:
+            if run not in self._outputs:
+                self._group.part_done(self, run, 0)
+            return  # else the last confirmation acks it (``_output_confirmed``)
+        index = self._current_index
+        if index == run.count - 1:
+            self._group.release(self, run)  # the walk is over
+        elif run.memory is not None and self._bit is not None and (run, index) not in self._outputs:
+            run.memory.ack_some((index,), 1 << self._bit)  # acked before the rest of the run
+
+    def _resolved_in_window(self, run: Run) -> None:
+        """The open event was rejected or failed (marked, its outputs dropped by the
+        caller): a run of one event is done for this subscriber; on the last event of
+        a longer run, the walk through it is over (closing the window adds nothing)."""
+        self._current_resolved = True
+        if run.count == 1:
+            self._group.part_done(self, run, 1)
+        elif self._current_index == run.count - 1:
+            self._group.release(self, run)
 
     def _output_resolved(
-        self, target: Event | BatchBinding, how: Resolution, reason: str | None
+        self, target: EventRef | BatchBinding, how: Resolution, reason: str | None
     ) -> int | None:
         """Caller: the output registry (``reject_bound`` / ``fail_bound``). Resolves
         this subscriber's part in ``target`` (an event, or every event of a batch
@@ -338,17 +503,21 @@ class Subscription:
             if target not in self._batches:
                 return None
             del self._batches[target]
-            for owed in target.remaining():
-                self._resolve(owed, how, reason)
+            self._group.resolve_binding(self, target, how, self._reason(reason))
             self._discard_if_departed()
             return 0
-        event = target
-        count = self._outputs.pop(event, None)
+        count = self._outputs.pop(target, None)
         if count is None:
             return None
-        if event is self._current:
-            self._current_resolved = True
-        self._resolve(event, how, reason)
+        run, index = target if isinstance(target, tuple) else (target, 0)
+        group = self._group
+        group.mark(self, run, index, how, self._reason(reason))
+        if run is self._current and index == self._current_index:
+            self._resolved_in_window(run)
+        elif run.count == 1:
+            group.part_done(self, run, 1)  # its window closed before
+        if run.count > 1:
+            group.release(self, run, count)
         self._discard_if_departed()
         return count - 1
 
@@ -360,26 +529,30 @@ class Subscription:
         left to resolve, or ``None`` if it was no longer live."""
         if batch not in self._batches:
             return None
-        events = batch.events
         apart = batch.apart
         if apart is None:
             apart = batch.apart = set()
+        group = self._group
+        text = self._reason(reason)
         for index in indexes:
-            if type(index) is not int or not 0 <= index < len(events):
+            if type(index) is not int or not 0 <= index < batch.size:
                 logger.warning(
                     "reject_in_batch() ignored index %r: not an index of the batch "
                     "(%d events) key=%r subscriber_id=%r",
                     index,
-                    len(events),
+                    batch.size,
                     self.key,
                     self.subscriber_id,
                 )
                 continue
-            event = events[index]
-            if event not in apart:
-                apart.add(event)
-                self._resolve(event, "rejected", reason)
-        if len(apart) < len(events):
+            if index not in apart:
+                held = batch.held_runs()
+                apart.add(index)
+                run, run_index = batch.locate(index)
+                group.mark(self, run, run_index, "rejected", text)
+                if run in held and run not in batch.held_runs():
+                    group.release(self, run)  # nothing of it is left in the binding
+        if len(apart) < batch.size:
             return False
         del self._batches[batch]
         self._discard_if_departed()
@@ -390,31 +563,52 @@ class Subscription:
         if self._left and not self._outputs and not self._batches:
             self._group.departed.discard(self)
 
-    def _resolve(self, event: Event, how: Resolution, reason: str | None) -> None:
-        if reason is not None:
-            reason = f"{self.subscriber_id}: {reason}"
-        self._group.resolve(event, how, reason, self._order)
+    def _reason(self, reason: str | None) -> str | None:
+        return None if reason is None else f"{self.subscriber_id}: {reason}"
 
-    def _output_confirmed(self, target: Event | BatchBinding) -> bool:
+    def _output_confirmed(self, target: EventRef | BatchBinding) -> bool:
         """Caller: the output registry. Returns False if the number was stale."""
         if isinstance(target, BatchBinding):
             if target not in self._batches:
                 return False
             del self._batches[target]
-            self._group.resolve_acked_all(target.remaining(), self)
+            release = self._group.release
+            bit = self._bit
+            for run, start, stop, indexes in target.remaining():
+                if indexes == []:
+                    continue  # resolved alone already: the binding let go of the run
+                if run.memory is not None and bit is not None and run.count > stop - start:
+                    # Acked before the rest of the run.
+                    run.memory.ack_some(
+                        range(start, stop) if indexes is None else indexes, 1 << bit
+                    )
+                release(self, run)
             self._discard_if_departed()
             return True
-        event = target
         outputs = self._outputs
-        count = outputs.get(event)
+        count = outputs.get(target)
         if count is None:
             return False
         if count > 1:
-            outputs[event] = count - 1
+            outputs[target] = count - 1
             return True
-        del outputs[event]
-        if event is not self._current:  # its window is closed: this was the last output
-            self._group.resolve_acked(event, self)
+        del outputs[target]
+        if not isinstance(target, tuple):
+            # A run of one event: acked once its window is closed too.
+            if target is not self._current:
+                self._group.part_done(self, target, 0)
+                if self._left:
+                    self._discard_if_departed()
+            return True
+        run, index = target
+        if (
+            run.memory is not None
+            and self._bit is not None
+            and not (run is self._current and index == self._current_index)
+        ):
+            run.memory.ack_some((index,), 1 << self._bit)  # before the rest of the run
+        self._group.release(self, run)
+        if self._left:
             self._discard_if_departed()
         return True
 
@@ -429,12 +623,18 @@ class Subscription:
         outside ack mode, outside a window, when this subscriber's part in the
         open event is already resolved, or once the group stopped.
         """
-        event = self._current
-        if event is None or self._current_resolved:
+        run = self._current
+        if run is None or self._current_resolved:
             return None
         outputs = self._outputs
-        outputs[event] = outputs.get(event, 0) + 1
-        return self._registry.bind(self, event)
+        key: EventRef
+        if run.count == 1:
+            key = run  # no part entry: its outputs and window hold it
+        else:
+            key = (run, self._current_index)
+            self._parts[run][0] += 1
+        outputs[key] = outputs.get(key, 0) + 1
+        return self._registry.bind(self, key)
 
     def reject(self, reason: str | None = None) -> None:
         """Resolve the open event as ``rejected`` now; nothing bound to it counts any more.
@@ -445,8 +645,8 @@ class Subscription:
         resolved for this subscriber: nothing.
         """
         _check_reason(reason)
-        event = self._current
-        if event is None or self._left:
+        run = self._current
+        if run is None or self._left:
             logger.warning(
                 "reject() outside an ack-mode window key=%r subscriber_id=%r",
                 self.key,
@@ -455,9 +655,14 @@ class Subscription:
             return
         if self._current_resolved:
             return
-        self._current_resolved = True
-        self._registry.abandoned(self._outputs.pop(event, 0))
-        self._resolve(event, "rejected", reason)
+        index = self._current_index
+        count = self._outputs.pop(run if run.count == 1 else (run, index), 0)
+        self._registry.abandoned(count)
+        group = self._group
+        group.mark(self, run, index, "rejected", self._reason(reason))
+        self._resolved_in_window(run)
+        if count and run.count > 1:
+            group.release(self, run, count)
 
     # -- leaving -----------------------------------------------------------------
 

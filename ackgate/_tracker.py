@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from ackgate._log import Event
+from ackgate._log import Run
 from ackgate._outcome import AdvanceItem, AdvanceOutcome, AdvanceRun
 from ackgate._producer import SharedStreamProducer
 
@@ -52,29 +52,18 @@ def _outcome(acked: int, failed: int, rejected: int) -> AdvanceOutcome:
 _new_item = tuple.__new__
 
 
-def _item(payload: Any, outcome: AdvanceOutcome) -> AdvanceItem:
-    # tuple.__new__ skips the NamedTuple's Python-level __new__: once per advanced event.
-    return tuple.__new__(AdvanceItem, (payload, outcome))
-
-
-def _runs(items: list[AdvanceItem]) -> list[AdvanceRun]:
-    """``items`` as runs of equal outcomes, for a producer advanced by runs."""
-    runs: list[AdvanceRun] = []
-    start = 0
-    for index in range(1, len(items) + 1):
-        if index == len(items) or items[index][1] != items[start][1]:
-            runs.append(AdvanceRun([item[0] for item in items[start:index]], items[start][1]))
-            start = index
-    return runs
+def _texts(reasons: list[tuple[int, str]]) -> tuple[str, ...]:
+    """Reject reasons in subscription order."""
+    return tuple(text for _, text in sorted(reasons))
 
 
 class Lane:
-    __slots__ = ("events", "in_flight", "key", "queued")
+    __slots__ = ("in_flight", "key", "queued", "runs")
 
     def __init__(self, key: Hashable) -> None:
         self.key = key
-        self.events: deque[Event] = deque()
-        self.in_flight: list[Event] | None = None
+        self.runs: deque[Run] = deque()
+        self.in_flight: list[Run] | None = None
         self.queued = False
 
 
@@ -92,10 +81,11 @@ class LaneTracker:
         #: (the poll waits for room before it broadcasts one more).
         self.outstanding = 0
         self.max_outstanding = max_outstanding
-        #: Reject reasons of events not advanced yet, as ``(subscription order,
-        #: "<subscriber_id>: <reason>")``. Only events rejected with a reason have an
-        #: entry, so the common case costs nothing per event.
-        self.reasons: dict[Event, list[tuple[int, str]]] = {}
+        #: Reject reasons of runs not advanced yet, per run index (``None``: every
+        #: event of the run), as ``(subscription order, "<subscriber_id>: <reason>")``.
+        #: Only runs rejected with a reason have an entry, so the common case costs
+        #: nothing per run.
+        self.reasons: dict[Run, dict[int | None, list[tuple[int, str]]]] = {}
         #: Set while the poll waits for ``outstanding`` to drop below the limit.
         self._room: asyncio.Future[None] | None = None
         self.advanced_events = 0
@@ -113,11 +103,11 @@ class LaneTracker:
         self.halted = False
         self._idle_lanes = 0  # an upper bound of the empty lanes in ``lanes``
 
-    def resolved(self, event: Event) -> None:
-        """Called once when ``event.pending`` drops to zero."""
-        lane = event.lane
+    def resolved(self, run: Run) -> None:
+        """Called once when ``run.pending`` drops to zero."""
+        lane = run.lane
         assert lane is not None
-        if lane.events and lane.events[0] is event:
+        if lane.runs and lane.runs[0] is run:
             self._maybe_ready(lane)
 
     def _maybe_ready(self, lane: Lane) -> None:
@@ -164,32 +154,19 @@ class LaneTracker:
             if self.halted:
                 self._check_quiet()
                 continue
-            batch: list[Event] = []
-            events = lane.events
-            while events and events[0].pending == 0:
-                batch.append(events.popleft())
-            assert batch, "a ready lane has a resolved first event"
+            batch: list[Run] = []
+            runs = lane.runs
+            while runs and runs[0].pending == 0:
+                batch.append(runs.popleft())
+            assert batch, "a ready lane has a resolved first run"
             lane.in_flight = batch
             self.in_flight_calls += 1
-            if self.reasons:
-                items = [_item(e.payload, self._outcome_of(e)) for e in batch]
-            else:
-                # ``Event.acked`` inlined (``pending`` is 0): this runs once per event.
-                items = [
-                    _new_item(
-                        AdvanceItem,
-                        (
-                            e.payload,
-                            _outcome(e.snapshot - e.failed - e.rejected, e.failed, e.rejected),
-                        ),
-                    )
-                    for e in batch
-                ]
+            units, advanced = self._units(batch, bulk)
             try:
                 if bulk:
-                    await producer.advance_runs(_runs(items))
+                    await producer.advance_runs(units)
                 else:
-                    await producer.advance(items)
+                    await producer.advance(units)
             except asyncio.CancelledError as exc:
                 self.in_flight_calls -= 1
                 if asyncio.current_task().cancelling():  # type: ignore[union-attr]
@@ -208,16 +185,15 @@ class LaneTracker:
                 raise
             self.in_flight_calls -= 1
             self.advance_calls += 1
-            advanced = len(batch)
             self.advanced_events += advanced
             self.outstanding -= advanced
             if self._room is not None:
                 self._wake_poll()
             lane.in_flight = None
             # An idle worker must hold no events (nor their payloads).
-            del batch, items
-            if events:
-                if events[0].pending == 0:
+            del batch, units
+            if runs:
+                if runs[0].pending == 0:
                     self._maybe_ready(lane)
             else:
                 self._idle_lanes += 1
@@ -225,13 +201,63 @@ class LaneTracker:
                     self._forget_idle_lanes()
             self._check_quiet()
 
-    def _outcome_of(self, event: Event) -> AdvanceOutcome:
-        reasons = self.reasons.pop(event, None)
+    def _units(self, batch: list[Run], bulk: bool) -> tuple[list[Any], int]:
+        """What ``advance_runs`` (``bulk``) or ``advance`` is called with for ``batch``,
+        and how many events that is."""
+        events = 0
+        units: list[Any] = []
+        for run in batch:
+            events += run.count
+            if bulk:
+                units.append(self._advance_run(run))
+            elif run.count == 1 and run.marks is None and run not in self.reasons:
+                # The per-event producer's case, once per event: kept flat.
+                failed, rejected = run.failed, run.rejected
+                units.append(
+                    _new_item(
+                        AdvanceItem,
+                        (
+                            run.payloads[0],
+                            _outcome(run.snapshot - failed - rejected, failed, rejected),
+                        ),
+                    )
+                )
+            else:
+                units.extend(self._advance_run(run).items())
+        return units, events
+
+    def _advance_run(self, run: Run) -> AdvanceRun:
+        """``run`` as the producer is told of it: one outcome for its events, and the
+        outcomes of the events a subscriber resolved alone."""
+        failed, rejected = run.failed, run.rejected
+        reasons = self.reasons.pop(run, None)
         if reasons is None:
-            return _outcome(event.acked, event.failed, event.rejected)
-        reasons.sort()  # subscription order
-        texts = tuple(text for _, text in reasons)
-        return AdvanceOutcome(event.acked, event.failed, event.rejected, texts)
+            outcome = _outcome(run.snapshot - failed - rejected, failed, rejected)
+            whole: list[tuple[int, str]] = []
+        else:
+            whole = reasons.get(None, [])
+            outcome = AdvanceOutcome(
+                run.snapshot - failed - rejected, failed, rejected, _texts(whole)
+            )
+        marks = run.marks
+        if marks is None and (reasons is None or len(reasons) == (None in reasons)):
+            return AdvanceRun(run.payloads, outcome)
+        exceptions: dict[int, AdvanceOutcome] = {}
+        indexes = set(marks or ()) | {index for index in reasons or () if index is not None}
+        for index in sorted(indexes):
+            event_failed, event_rejected = failed, rejected
+            if marks is not None and index in marks:
+                event_failed += marks[index][0]
+                event_rejected += marks[index][1]
+            own = reasons.get(index) if reasons is not None else None
+            texts = _texts(whole + own) if own else outcome.reasons
+            acked = run.snapshot - event_failed - event_rejected
+            exceptions[index] = (
+                AdvanceOutcome(acked, event_failed, event_rejected, texts)
+                if texts
+                else _outcome(acked, event_failed, event_rejected)
+            )
+        return AdvanceRun(run.payloads, outcome, exceptions)
 
     def _failed(self, exc: BaseException) -> None:
         self.halt()
@@ -244,9 +270,7 @@ class LaneTracker:
         lanes with outstanding events, at most ``max_outstanding``) when lane keys
         never repeat (SQS). Amortized O(1) per advanced lane."""
         self.lanes = {
-            key: lane
-            for key, lane in self.lanes.items()
-            if lane.events or lane.in_flight is not None
+            key: lane for key, lane in self.lanes.items() if lane.runs or lane.in_flight is not None
         }
         self._idle_lanes = 0
 
@@ -258,7 +282,7 @@ class LaneTracker:
         """Begin advancing (the producer exists from now on)."""
         self.producer = producer
         for lane in self.lanes.values():
-            if lane.events and lane.events[0].pending == 0:
+            if lane.runs and lane.runs[0].pending == 0:
                 self._maybe_ready(lane)
 
     def halt(self) -> None:
@@ -320,8 +344,8 @@ class LaneTracker:
         for lane in self.lanes.values():
             if lane.in_flight:
                 first = lane.in_flight[0]
-            elif lane.events:
-                first = lane.events[0]
+            elif lane.runs:
+                first = lane.runs[0]
             else:
                 continue
             if oldest is None or first.broadcast_at < oldest:

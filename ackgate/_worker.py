@@ -184,28 +184,24 @@ class HandlerWorker:
         while True:
             if calls.held >= calls.capacity:
                 await calls.wait_room()
-            pulled = [await subscription.pull_batch(size)]
-            count = len(pulled[0].events)
+            first = await subscription.pull_batch(size)
+            messages = first.events  # a list of its own: extended in place
+            seqs = [first.seq]
+            sizes = [len(messages)]
             try:
                 deadline = loop.time() + wait
-                while count < size:
+                while len(messages) < size:
                     try:
                         async with asyncio.timeout_at(deadline):
-                            more = await subscription.pull_batch(size - count)
+                            more = await subscription.pull_batch(size - len(messages))
                     except TimeoutError:
                         break
-                    pulled.append(more)
-                    count += len(more.events)
+                    messages.extend(more.events)
+                    seqs.append(more.seq)
+                    sizes.append(len(more.events))
             except BaseException:
-                self._manager.fail_bound([batch.seq for batch in pulled])  # never handed out
+                self._manager.fail_bound(seqs)  # never handed out
                 raise
-            messages = (
-                pulled[0].events
-                if len(pulled) == 1
-                else [message for batch in pulled for message in batch.events]
-            )
-            seqs = [batch.seq for batch in pulled]
-            sizes = [len(batch.events) for batch in pulled]
             calls.submit(Job(messages, messages, seqs, UNORDERED, sizes))
 
 

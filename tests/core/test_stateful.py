@@ -27,8 +27,11 @@ when it is called. Invariants (SPEC §2, §3, §6):
   ``EventBatch`` es of one lane (``open_stream_batches``); every event of a batch
   must be broadcast exactly as if yielded alone (snapshots, overflow, §9), which
   the model checks when the group reads it (``RawEvents``);
+* runs: the group reads each run of a batch as one slice of its raw events (the
+  model records the runs there); every event of a run is still handled exactly as if
+  yielded alone, and a run is advanced once every event of it is resolved;
 * liveness: when a group stops, every event resolved before the stop whose lane
-  predecessors were resolved too has been advanced; and from whatever state a rule
+  predecessors and run were resolved too has been advanced; and from whatever state a rule
   reaches (``everyone_keeps_pulling``), once the advances are let through, every
   output is confirmed and every active subscriber keeps pulling, the group is
   quiescent within a bounded number of pulls: what the producer yields is broadcast
@@ -110,6 +113,9 @@ class Generation:
     terminal: type[StreamTerminated] | None = None
     terminal_step: int | None = None
     advance_failed: bool = False
+    #: The run each event was broadcast in (its events' ids), as the group read it:
+    #: a run is advanced once all of it is resolved. Events yielded alone: absent.
+    run_of: dict[int, list[int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -194,7 +200,14 @@ class RawEvents(SequenceABC[str]):
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
+            # The group reads a run's events as one slice when it broadcasts the run.
+            read = [self[i] for i in range(*index.indices(len(self)))]
+            gen = self.producer.generation
+            assert gen is not None
+            run = [self.event_ids[i] for i in range(*index.indices(len(self)))]
+            for event_id in run:
+                gen.run_of[event_id] = run
+            return read
         event_id = self.event_ids[index]
         gen = self.producer.generation
         assert gen is not None
@@ -441,11 +454,17 @@ class GroupMachine(RuleBasedStateMachine):
     def check_liveness(self, gen: Generation) -> None:
         if gen.advance_failed or gen.terminal_step is None:
             return
+
+        def resolved_in_time(event_id: int) -> bool:
+            step = gen.events[event_id].resolved_step
+            return step is not None and step <= (gen.terminal_step or 0)
+
         for lane, ids in gen.lanes.items():
             for event_id in ids:
-                event = gen.events[event_id]
-                if event.resolved_step is None or event.resolved_step > gen.terminal_step:
+                # A run is advanced as one unit: once every event of it is resolved.
+                if not all(map(resolved_in_time, gen.run_of.get(event_id, [event_id]))):
                     break
+                event = gen.events[event_id]
                 assert event.advanced, f"lane {lane}: resolved {event} never advanced"
 
     # -- rules ---------------------------------------------------------------------
