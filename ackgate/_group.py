@@ -271,7 +271,7 @@ class Group:
                 run = log.at(seq)
                 run.undelivered -= 1
                 if ack_mode and not (run.redelivered and sub._acked_earlier_copy(run)):
-                    self._resolve_unhanded(sub, run, "failed")
+                    self._fail_unhanded(sub, run)
         sub._cursor = log.head
         sub._seq = log.next_seq
         log.trim()
@@ -289,7 +289,7 @@ class Group:
     # A subscriber resolves its part in a run: all of the run's events. Acks are the
     # default (nothing is recorded per event); a reject or a failure of one event is
     # a mark on the run (``mark``), of every event of a run it was never handed a
-    # count on the run (``_resolve_unhanded``). The part is resolved once nothing
+    # count on the run (``_fail_unhanded``). The part is resolved once nothing
     # holds it any more (``release``); the run, once every part is.
 
     def release(self, sub: Subscription, run: Run, holds: int = 1) -> None:
@@ -338,21 +338,10 @@ class Group:
     def _keep_reason(self, run: Run, index: int | None, sub: Subscription, reason: str) -> None:
         self.tracker.reasons.setdefault(run, {}).setdefault(index, []).append((sub._order, reason))
 
-    def _resolve_unhanded(
-        self, sub: Subscription, run: Run, how: Resolution, reason: str | None = None
-    ) -> None:
-        """``sub`` resolves every event of ``run``, which it has no part in yet, as ``how``."""
-        if how == "failed":
-            run.failed += 1
-        else:
-            run.rejected += 1
-            if reason is not None:
-                self._keep_reason(run, None, sub, reason)
-        pending = run.pending - 1
-        assert pending >= 0, "resolved more often than its snapshot allows"
-        run.pending = pending
-        if not pending:
-            self._resolved(run)
+    def _fail_unhanded(self, sub: Subscription, run: Run) -> None:
+        """``sub`` fails every event of ``run``, which it was never handed."""
+        run.failed += 1
+        self.part_done(sub, run, (1 << run.count) - 1)
 
     def resolve_binding(
         self, sub: Subscription, binding: BatchBinding, how: Resolution, reason: str | None
