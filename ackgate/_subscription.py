@@ -476,10 +476,10 @@ class Subscription:
                 self._group.part_done(self, run, 0)
             return  # else the last confirmation acks it (``_output_confirmed``)
         index = self._current_index
+        if run.memory is not None and self._bit is not None and (run, index) not in self._outputs:
+            run.memory.ack_some((index,), 1 << self._bit)  # acked, perhaps before the rest
         if index == run.count - 1:
             self._group.release(self, run)  # the walk is over
-        elif run.memory is not None and self._bit is not None and (run, index) not in self._outputs:
-            run.memory.ack_some((index,), 1 << self._bit)  # acked before the rest of the run
 
     def _resolved_in_window(self, run: Run) -> None:
         """The open event was rejected or failed (marked, its outputs dropped by the
