@@ -1,9 +1,10 @@
 """A group: one upstream poll shared by every subscriber of one key.
 
-Topology: the poll task reads the producer (or source) and appends each event to
-the fan-out log (:mod:`ackgate._log`); subscriptions read the log through their
-cursors (:mod:`ackgate._subscription`); resolutions are counted on the event and
-the lane tracker advances resolved prefixes (:mod:`ackgate._tracker`).
+Topology: the poll task reads the producer (or source) and appends each run of
+events (a fetched batch, or one event) to the fan-out log (:mod:`ackgate._log`);
+subscriptions read the log through their cursors (:mod:`ackgate._subscription`);
+resolutions are counted on the run, per event only where a subscriber treated one
+differently, and the lane tracker advances resolved prefixes (:mod:`ackgate._tracker`).
 
 Lifecycle: *running* until the first of: the upstream ends or misbehaves, an
 advance raises, the last subscriber leaves, the manager closes. Then
@@ -47,7 +48,7 @@ _CLEAN_LEAVE_GRACE = 1.0
 #: How many event ids a group remembers to skip redelivered copies (SPEC §13).
 _REMEMBERED_EVENT_IDS = 65_536
 
-#: How a subscriber resolves an event other than by acking it (``resolve_acked``).
+#: How a subscriber resolves an event other than by acking it (``Group.mark``).
 Resolution = Literal["failed", "rejected"]
 
 

@@ -1,17 +1,19 @@
-"""The lane tracker: ordered per-lane advancing of resolved events.
+"""The lane tracker: ordered per-lane advancing of resolved runs.
 
-Each lane keeps its outstanding events in fan-out order. A lane becomes *ready*
-when its first event is fully resolved; only then is it put on the ready queue,
-so no wake-up ever scans the lanes. Advance workers (at most
+Each lane keeps its outstanding runs (:mod:`ackgate._log`) in fan-out order. A lane
+becomes *ready* when its first run is fully resolved; only then is it put on the
+ready queue, so no wake-up ever scans the lanes. Advance workers (at most
 ``max_concurrent_advances`` of them) take ready lanes one at a time, cut the
-lane's contiguous resolved prefix into a batch and hand it to the producer.
+lane's contiguous resolved prefix into a batch and hand it to the producer: as
+:class:`~ackgate.AdvanceRun` s to a producer that overrides ``advance_runs``, else
+as one :class:`~ackgate.AdvanceItem` per event.
 
 Invariants:
 
 * a lane is on the ready queue at most once (``Lane.queued``), and never while
   its batch is in flight (``Lane.in_flight``): one advance per lane at a time;
-* batches leave a lane from its front only, so within a lane events are advanced
-  in fan-out order and each batch is a contiguous prefix;
+* batches leave a lane from its front only, so within a lane runs (and their
+  events) are advanced in fan-out order and each batch is a contiguous prefix;
 * after ``halt()`` (an advance raised, or the group is torn down) no new batch is
   started on any lane, and no worker is created;
 * ``outstanding <= max_outstanding`` (SPEC §9): the group's poll waits in
