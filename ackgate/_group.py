@@ -265,7 +265,10 @@ class Group:
                 if ack_mode:
                     for index in range(start, run.count):
                         self.mark(sub, run, index, "failed", None)
-                    self.release(sub, run)
+                    if sub._current is not run or sub._current_resolved:
+                        self.release(sub, run)  # the walk is over
+                    # Else its window is open on an event of the run: closing it ends
+                    # the walk (``Subscription._close_window``).
                 run.undelivered -= 1
                 sub._seq += 1
             for seq in range(sub._seq, log.next_seq):

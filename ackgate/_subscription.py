@@ -8,8 +8,8 @@ the group.
 
 Parts: a subscriber's part in a run resolves once it is done with every event of
 the run. ``_parts[run]`` is ``[holds, marked]``: ``holds`` counts what keeps the
-part open, namely one *walk* hold from the first hand-out of the run until the
-window on its last event closed (or the rest of it was resolved otherwise), one
+part open, namely one *walk* hold from the first hand-out of the run until nothing
+more of it is handed out and the window on its events is closed, one
 per unconfirmed output bound to one of its events, and one per live batch binding
 with events of it; ``marked`` has bit ``i`` set once this subscriber rejected or
 failed the run's event ``i`` (its acks of the others are remembered for
@@ -478,8 +478,10 @@ class Subscription:
         index = self._current_index
         if run.memory is not None and self._bit is not None and (run, index) not in self._outputs:
             run.memory.ack_some((index,), 1 << self._bit)  # acked, perhaps before the rest
-        if index == run.count - 1:
-            self._group.release(self, run)  # the walk is over
+        if self._seq > run.seq:
+            # Nothing more of the run is handed out (its last event was, or the rest
+            # was resolved without a hand-out): the walk is over.
+            self._group.release(self, run)
 
     def _resolved_in_window(self, run: Run) -> None:
         """The open event was rejected or failed (marked, its outputs dropped by the
@@ -488,8 +490,8 @@ class Subscription:
         self._current_resolved = True
         if run.count == 1:
             self._group.part_done(self, run, 1)
-        elif self._current_index == run.count - 1:
-            self._group.release(self, run)
+        elif self._seq > run.seq:
+            self._group.release(self, run)  # nothing more of it is handed out
 
     def _output_resolved(
         self, target: EventRef | BatchBinding, how: Resolution, reason: str | None

@@ -321,3 +321,20 @@ async def test_a_copy_given_without_its_range_is_still_known(
     assert again.events == ["e4"]  # 1 and 3 were acked as part of the range 0..3
     assert a.redeliveries_skipped == 2
     await a.aclose()
+
+
+async def test_the_end_of_the_upstream_leaves_the_open_event_of_a_run_unresolved(
+    manager: SharedStreamManager,
+) -> None:
+    """The stream ends while a subscriber is on the first event of a run: the rest of
+    the run fails for it, the event it is on stays open, so nothing of the run is
+    advanced by the group's stop."""
+    producer = BatchRuns()
+    producer.feed_item(batch(0, 2))
+    sub = manager.subscribe("k", "s", producer=lambda: producer)
+    assert await anext(sub) == "e0"
+    producer.end()
+    while not producer.closed:
+        await turn(1)
+    assert producer.runs == []
+    await sub.aclose()
