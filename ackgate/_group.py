@@ -244,13 +244,7 @@ class Group:
         """``sub`` crashed (or was force-failed) on its open event: it fails, with
         whatever was bound to it; on the run's last event, the walk is over too."""
         if not sub._current_resolved:
-            index = sub._current_index
-            count = sub._outputs.pop(run if run.count == 1 else (run, index), 0)
-            self.bindings.abandoned(count)
-            self.mark(sub, run, index, "failed", None)
-            sub._resolved_in_window(run)
-            if count and run.count > 1:
-                self.release(sub, run, count)
+            sub._resolve_open(run, "failed", None)
         sub._current = None
 
     def _skip_queued(self, sub: Subscription) -> None:

@@ -172,14 +172,7 @@ class Subscription:
                     if run.undelivered == 0:
                         log.trim()
                 break
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
-            waiters = group.waiters
-            waiters.add(waiter)
-            try:
-                await waiter
-            finally:
-                self._waiter = None
-                waiters.discard(waiter)  # gone already unless this pull was cancelled
+            await self._wait()
             if self._left:
                 raise StopAsyncIteration
         if group.blocked:
@@ -216,14 +209,19 @@ class Subscription:
                 raise group.terminal_error()
             if self._cursor < group.log.head:
                 return
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
-            waiters = group.waiters
-            waiters.add(waiter)
-            try:
-                await waiter
-            finally:
-                self._waiter = None
-                waiters.discard(waiter)
+            await self._wait()
+
+    async def _wait(self) -> None:
+        """Wait for the group's next broadcast (or a leave, a force-fail, the end of the
+        group). Cancellation: nothing changes."""
+        waiters = self._group.waiters
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        waiters.add(waiter)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            waiters.discard(waiter)  # gone already unless this wait was cancelled
 
     def _before_bulk_pull(self, max_events: int, what: str) -> None:
         group = self._group
@@ -657,11 +655,16 @@ class Subscription:
             return
         if self._current_resolved:
             return
+        self._resolve_open(run, "rejected", self._reason(reason))
+
+    def _resolve_open(self, run: Run, how: Resolution, reason: str | None) -> None:
+        """Reject or fail the open event now (``reject``, a crash, a force-fail): the
+        outputs bound to it no longer count. ``reason`` is already prefixed."""
         index = self._current_index
         count = self._outputs.pop(run if run.count == 1 else (run, index), 0)
         self._registry.abandoned(count)
         group = self._group
-        group.mark(self, run, index, "rejected", self._reason(reason))
+        group.mark(self, run, index, how, reason)
         self._resolved_in_window(run)
         if count and run.count > 1:
             group.release(self, run, count)
