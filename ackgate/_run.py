@@ -269,7 +269,7 @@ async def serve(
                 run.cancel()
 
     restore = _on_signals(loop, stop_all)
-    watch_parent(lambda: loop.call_soon_threadsafe(stop_all, "the parent process is gone"))
+    stop_watching_parent = watch_parent(lambda: stop_all("the parent process is gone"))
     try:
         failed = False
         pending = set(runs)
@@ -304,6 +304,8 @@ async def serve(
     finally:
         restore()
         close_health()
+        if stop_watching_parent is not None:
+            stop_watching_parent()
         for run in runs:
             run.cancel()
         await asyncio.gather(*runs, return_exceptions=True)

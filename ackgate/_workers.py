@@ -33,11 +33,10 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ackgate._health import HealthServer, Probe
@@ -285,15 +284,27 @@ def report_health_port(port: int) -> None:
             pipe.write(f"{port}\n")
 
 
-def watch_parent(stop: Any) -> None:
-    """Caller: a worker. Calls ``stop()`` (thread-safe) once the parent is gone."""
+def watch_parent(stop: Callable[[], None]) -> Callable[[], None] | None:
+    """Caller: a worker's ``ackgate run``, on its event loop. Calls ``stop()`` once the
+    parent is gone (it is no longer this process's parent), looking once a second
+    from the loop, without a thread or a blocking wait. Returns what cancels the
+    watch (call it when the run ends), or ``None`` outside a worker."""
     parent = os.environ.get(PARENT_ENV)
     if parent is None:
-        return
+        return None
+    loop = asyncio.get_running_loop()
+    timer: asyncio.TimerHandle | None = None
 
-    def watch() -> None:
-        while os.getppid() == int(parent):
-            time.sleep(1.0)
-        stop()
+    def look() -> None:
+        nonlocal timer
+        if os.getppid() != int(parent):
+            stop()
+            return
+        timer = loop.call_later(1.0, look)
 
-    threading.Thread(target=watch, name="ackgate parent watch", daemon=True).start()
+    def cancel() -> None:
+        if timer is not None:
+            timer.cancel()
+
+    look()
+    return cancel

@@ -336,3 +336,23 @@ def test_a_bad_command_line_exits_2(tmp_path: Path) -> None:
         _, err = finish(process)
         assert process.returncode == 2, (args, err)
         assert message in err.splitlines()[-1] and "Traceback" not in err, err
+
+
+def test_a_worker_whose_parent_is_gone_stops_gracefully_by_itself(tmp_path: Path) -> None:
+    """A ``--workers`` child names its parent in its environment; once that is no longer
+    its parent (the parent was killed), it stops as after SIGTERM. Here the named
+    parent is a pid no process has, as if the parent had died before it looked."""
+    (tmp_path / "orders_app.py").write_text(APP)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ACKGATE_WORKER_PARENT": str(2**31)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ackgate", "run", "orders_app:service"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _, err = finish(process)
+    assert process.returncode == 0, err
+    assert "the parent process is gone: stopping gracefully" in err
+    assert "Traceback" not in err
