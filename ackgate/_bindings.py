@@ -61,12 +61,21 @@ class BatchBinding:
         #: Batch indexes of the events already resolved alone (``reject_in_batch``).
         self.apart: set[int] | None = None
 
-    def locate(self, index: int) -> tuple[Run, int]:
-        """The run and run index of the batch's ``index``-th event."""
+    def set_apart(self, index: int) -> tuple[Run, int, bool]:
+        """Resolve the batch's ``index``-th event alone (``reject_in_batch``). Returns
+        its run and run index, and whether every event of its slice is now apart: the
+        binding then holds nothing of the run any more."""
+        apart = self.apart
+        if apart is None:
+            apart = self.apart = set()
+        apart.add(index)
+        offset = 0
         for run, start, stop in self.slices:
-            if index < stop - start:
-                return run, start + index
-            index -= stop - start
+            size = stop - start
+            if index < offset + size:
+                done = all(i in apart for i in range(offset, offset + size))
+                return run, start + index - offset, done
+            offset += size
         raise IndexError(index)
 
     def remaining(self) -> list[tuple[Run, int, int, list[int] | None]]:
@@ -85,11 +94,6 @@ class BatchBinding:
             offset += stop - start
         return found
 
-    def held_runs(self) -> list[Run]:
-        """The runs the binding still holds: those of its slices with an event it still
-        resolves (a slice whose events were all resolved alone let go of its run)."""
-        return [run for run, _, _, indexes in self.remaining() if indexes is None or indexes]
-
     def owes_event(self, run: Run, index: int) -> bool:
         """Whether the binding still resolves the event at ``index`` of ``run``."""
         offset = 0
@@ -98,14 +102,6 @@ class BatchBinding:
                 return self.apart is None or offset + index - start not in self.apart
             offset += stop - start
         return False
-
-    def owes(self, run: Run) -> bool:
-        """Whether the binding still resolves an event of ``run``."""
-        return any(
-            indexes is None or indexes
-            for slice_run, _, _, indexes in self.remaining()
-            if slice_run is run
-        )
 
 
 class OutputRegistry:

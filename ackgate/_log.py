@@ -21,8 +21,6 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ackgate._outcome import AdvanceOutcome
-
 if TYPE_CHECKING:
     from ackgate._redelivery import Remembered
     from ackgate._tracker import Lane
@@ -115,15 +113,6 @@ class Run:
         if counts is None:
             counts = marks[index] = [0, 0]
         counts[0 if failed else 1] += 1
-
-    def outcome_of(self, index: int, reasons: tuple[str, ...] = ()) -> AdvanceOutcome:
-        """The event's outcome (for tests and per-event advances; the tracker shares
-        outcome objects)."""
-        failed, rejected = self.failed, self.rejected
-        if self.marks is not None and index in self.marks:
-            failed += self.marks[index][0]
-            rejected += self.marks[index][1]
-        return AdvanceOutcome(self.snapshot - failed - rejected, failed, rejected, reasons)
 
 
 class EventLog:

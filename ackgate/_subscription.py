@@ -529,9 +529,6 @@ class Subscription:
         left to resolve, or ``None`` if it was no longer live."""
         if batch not in self._batches:
             return None
-        apart = batch.apart
-        if apart is None:
-            apart = batch.apart = set()
         group = self._group
         text = self._reason(reason)
         for index in indexes:
@@ -545,14 +542,12 @@ class Subscription:
                     self.subscriber_id,
                 )
                 continue
-            if index not in apart:
-                held = batch.held_runs()
-                apart.add(index)
-                run, run_index = batch.locate(index)
+            if batch.apart is None or index not in batch.apart:
+                run, run_index, slice_apart = batch.set_apart(index)
                 group.mark(self, run, run_index, "rejected", text)
-                if run in held and run not in batch.held_runs():
+                if slice_apart:
                     group.release(self, run)  # nothing of it is left in the binding
-        if len(apart) < batch.size:
+        if batch.apart is None or len(batch.apart) < batch.size:
             return False
         del self._batches[batch]
         self._discard_if_departed()
