@@ -40,8 +40,12 @@ _OUTCOMES_CACHED = 4096
 _outcomes: dict[tuple[int, int, int], AdvanceOutcome] = {}
 
 
-def _outcome(acked: int, failed: int, rejected: int) -> AdvanceOutcome:
-    """Outcomes are immutable and few distinct ones occur: share them (no reasons)."""
+def _outcome(
+    acked: int, failed: int, rejected: int, reasons: tuple[str, ...] = ()
+) -> AdvanceOutcome:
+    """Outcomes are immutable and few distinct ones occur without reasons: share those."""
+    if reasons:
+        return AdvanceOutcome(acked, failed, rejected, reasons)
     key = (acked, failed, rejected)
     outcome = _outcomes.get(key)
     if outcome is None:
@@ -230,34 +234,25 @@ class LaneTracker:
 
     def _advance_run(self, run: Run) -> AdvanceRun:
         """``run`` as the producer is told of it: one outcome for its events, and the
-        outcomes of the events a subscriber resolved alone."""
-        failed, rejected = run.failed, run.rejected
-        reasons = self.reasons.pop(run, None)
-        if reasons is None:
-            outcome = _outcome(run.snapshot - failed - rejected, failed, rejected)
-            whole: list[tuple[int, str]] = []
-        else:
-            whole = reasons.get(None, [])
-            outcome = AdvanceOutcome(
-                run.snapshot - failed - rejected, failed, rejected, _texts(whole)
-            )
+        outcomes of the events a subscriber resolved alone (its marks; a reason for
+        one event only comes with a mark, ``Group.mark``)."""
+        failed, rejected, snapshot = run.failed, run.rejected, run.snapshot
+        reasons = self.reasons.pop(run, None) or {}
+        whole = reasons.get(None, [])
+        outcome = _outcome(snapshot - failed - rejected, failed, rejected, _texts(whole))
         marks = run.marks
-        if marks is None and (reasons is None or len(reasons) == (None in reasons)):
+        if marks is None:
             return AdvanceRun(run.payloads, outcome)
         exceptions: dict[int, AdvanceOutcome] = {}
-        indexes = set(marks or ()) | {index for index in reasons or () if index is not None}
-        for index in sorted(indexes):
-            event_failed, event_rejected = failed, rejected
-            if marks is not None and index in marks:
-                event_failed += marks[index][0]
-                event_rejected += marks[index][1]
-            own = reasons.get(index) if reasons is not None else None
-            texts = _texts(whole + own) if own else outcome.reasons
-            acked = run.snapshot - event_failed - event_rejected
-            exceptions[index] = (
-                AdvanceOutcome(acked, event_failed, event_rejected, texts)
-                if texts
-                else _outcome(acked, event_failed, event_rejected)
+        for index in sorted(marks):
+            event_failed = failed + marks[index][0]
+            event_rejected = rejected + marks[index][1]
+            own = reasons.get(index)
+            exceptions[index] = _outcome(
+                snapshot - event_failed - event_rejected,
+                event_failed,
+                event_rejected,
+                _texts(whole + own) if own else outcome.reasons,
             )
         return AdvanceRun(run.payloads, outcome, exceptions)
 
