@@ -22,7 +22,7 @@ advanced past the event meanwhile. A handler rejects bad *content*, with
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from ackgate._message import Message
@@ -82,33 +82,28 @@ class MessageProducer(SharedStreamProducer):
         self._inner._watch_upstream(upstream)
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
-        """The inner producer's ``advance``; raising or cancellation as there."""
-        observe = self.observe_advance
-        if observe is None:
-            await self._inner.advance(batch)
-            self._owner.advanced(len(batch))
-            return
-        start = time.perf_counter()
-        try:
-            await self._inner.advance(batch)
-        except BaseException as error:
-            observe(len(batch), time.perf_counter() - start, error)
-            raise
-        observe(len(batch), time.perf_counter() - start, None)
-        self._owner.advanced(len(batch))
+        """The inner producer's ``advance``; raising or cancellation as there. (A group
+        calls :meth:`advance_runs`; this is the abstract method's due.)"""
+        await self._timed(self._inner.advance(batch), len(batch))
 
     async def advance_runs(self, runs: Sequence[AdvanceRun]) -> None:
         """The inner producer's ``advance_runs`` (its default expands the runs into one
         ``advance``); raising or cancellation as there."""
-        events = sum(len(run.broker_payloads) for run in runs)
+        await self._timed(
+            self._inner.advance_runs(runs), sum(len(run.broker_payloads) for run in runs)
+        )
+
+    async def _timed(self, call: Awaitable[None], events: int) -> None:
+        """Await the inner producer's advance of ``events`` events: told to
+        ``observe_advance`` (if set) with its duration, counted once it returned."""
         observe = self.observe_advance
         if observe is None:
-            await self._inner.advance_runs(runs)
+            await call
             self._owner.advanced(events)
             return
         start = time.perf_counter()
         try:
-            await self._inner.advance_runs(runs)
+            await call
         except BaseException as error:
             observe(events, time.perf_counter() - start, error)
             raise
