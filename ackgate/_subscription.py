@@ -586,6 +586,8 @@ class Subscription:
             return False
         if count > 1:
             outputs[target] = count - 1
+            if isinstance(target, tuple):
+                self._group.release(self, target[0])  # each output holds the part
             return True
         del outputs[target]
         if not isinstance(target, tuple):

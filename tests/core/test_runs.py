@@ -9,6 +9,7 @@ as if it had been yielded alone (``test_stateful.py`` checks that at random).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Hashable, Sequence
 from typing import Any
 
@@ -337,4 +338,28 @@ async def test_the_end_of_the_upstream_leaves_the_open_event_of_a_run_unresolved
     while not producer.closed:
         await turn(1)
     assert producer.runs == []
+    await sub.aclose()
+
+
+async def test_two_outputs_on_one_event_of_a_run_both_hold_it_until_confirmed(
+    manager: SharedStreamManager,
+) -> None:
+    """Every output bound to an event of a longer run holds the run until confirmed:
+    confirming them one by one lets the run go once the last is in (found by the state
+    machine at 10,000 examples: a second output was never let go)."""
+    producer = BatchRuns()
+    producer.feed_item(batch(0, 2))
+    sub = manager.subscribe("k", "s", producer=lambda: producer)
+    assert await anext(sub) == "e0"
+    first, second = sub.bind(), sub.bind()
+    assert await anext(sub) == "e1"
+    waiting = asyncio.create_task(anext(sub))  # closes the window on e1
+    await turn()
+    manager.confirm_persisted([first])
+    await turn()
+    assert producer.runs == []  # e0 still waits for its second output
+    manager.confirm_persisted([second])
+    await producer.wait_advanced(2)
+    assert flat(producer) == {0: AdvanceOutcome(1, 0, 0), 1: AdvanceOutcome(1, 0, 0)}
+    waiting.cancel()
     await sub.aclose()
