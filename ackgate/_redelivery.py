@@ -24,6 +24,12 @@ before is checked at hand-out). Two forms, chosen by the ids a run comes with:
 With cells, a subscriber's bit is set on each id it acked, as it acks it; with a
 span, once its part in the run is done.
 
+One event may come in both forms: a broker's fetch with a gap (Kafka's offset map
+leaves finished offsets out, a compacted topic has holes) gives ``(*prefix, offset)``
+tuples, and a later refetch of the same offsets an :class:`~ackgate.IdRange`. Each
+form looks the other up: a tuple in the spans (``_in_spans``), a range in the cells
+of its prefix for as long as some are remembered (``_ranged_cells``).
+
 Capacity: the most recent ``capacity`` ids in each form; oldest are forgotten
 first, and forgetting only costs a duplicate delivery. Subscriber ids get a bit
 each the first time they join, for the group's life (a bit is never reused, so a
@@ -191,8 +197,10 @@ class RedeliveryMemory:
     """Acked subscriber bits for the most recent ``capacity`` ids of each form."""
 
     __slots__ = (
+        "_appended",
         "_bits",
         "_capacity",
+        "_cell_prefixes",
         "_cells",
         "_longest",
         "_order",
@@ -207,6 +215,12 @@ class RedeliveryMemory:
         #: oldest first (at most ``capacity`` of them after each call).
         self._cells: dict[Hashable, list[int]] = {}
         self._order: deque[Hashable] = deque()
+        #: Ids ever added to ``_cells``: the first ``_appended - len(_order)`` of them
+        #: are forgotten.
+        self._appended = 0
+        #: Per prefix, ``_appended`` after the last cells with ids ``(*prefix,
+        #: offset)`` were added: some are remembered while it exceeds the forgotten.
+        self._cell_prefixes: dict[tuple[Hashable, ...], int] = {}
         #: Spans by prefix, each list sorted by ``first``. Invariant: the spans in
         #: these lists are exactly those of ``_spans_order`` (oldest first), and
         #: ``_span_ids`` is the sum of their lengths (at most ``capacity`` after
@@ -234,20 +248,43 @@ class RedeliveryMemory:
         """The record of a run with ``event_ids`` (one per event), made now: each id
         counts one more copy broadcast."""
         if type(event_ids) is IdRange:
-            if event_ids.length == 1 and self._overlaps(
-                event_ids.prefix, event_ids.first, event_ids.first + 1
+            prefix, first = event_ids.prefix, event_ids.first
+            if event_ids.length == 1 and (
+                self._overlaps(prefix, first, first + 1) or self._in_cells(prefix, first)
             ):
                 # A copy: remembered alone (``run_length`` broadcasts copies one by one).
                 [cell] = self.cells(event_ids)
-                return _CopyInRange(cell, self, event_ids.prefix, event_ids.first)
+                return _CopyInRange(cell, self, prefix, first)
             return self._spanned(event_ids)
         cells = self.cells(event_ids)
+        self._note_ranged(event_ids[0])
         if len(cells) == 1:
             in_range = self._in_spans(event_ids[0])
             if in_range is not None:  # a copy, given without its range (a fetch with a gap)
                 return _CopyInRange(cells[0], self, *in_range)
             return _OneCell(cells[0])
+        self._note_ranged(event_ids[-1])
         return _Cells(cells)
+
+    def _note_ranged(self, event_id: Hashable) -> None:
+        """If ``event_id`` is ``(*prefix, offset)``, a range of ``prefix`` looks up
+        its cells from now on (while they are remembered)."""
+        if type(event_id) is tuple and len(event_id) >= 2 and type(event_id[-1]) is int:
+            self._cell_prefixes[event_id[:-1]] = self._appended
+
+    def _ranged_cells(self, prefix: tuple[Hashable, ...]) -> bool:
+        """Whether cells with ids ``(*prefix, offset)`` may still be remembered."""
+        stamp = self._cell_prefixes.get(prefix)
+        if stamp is None:
+            return False
+        if stamp <= self._appended - len(self._order):
+            del self._cell_prefixes[prefix]  # every one of them was forgotten since
+            return False
+        return True
+
+    def _in_cells(self, prefix: tuple[Hashable, ...], offset: int) -> bool:
+        """Whether ``(*prefix, offset)`` is remembered as a cell."""
+        return self._ranged_cells(prefix) and (*prefix, offset) in self._cells
 
     def run_length(self, event_ids: Sequence[Hashable], start: int, limit: int) -> int:
         """How many of ``event_ids[start:start + limit]`` (``limit >= 1``) may form one
@@ -258,14 +295,21 @@ class RedeliveryMemory:
         if type(event_ids) is IdRange:
             # Copies go one by one: each subscriber may have acked some of a run's
             # events and not others. New ids go together, up to the first copy.
+            prefix = event_ids.prefix
             first = event_ids.first + start
-            if self._overlaps(event_ids.prefix, first, first + 1):
+            if self._overlaps(prefix, first, first + 1):
                 return 1
-            same_prefix = self._spans.get(event_ids.prefix)
-            if not same_prefix:
-                return limit
-            at = bisect_left(same_prefix, first, key=_first)
-            return min(limit, same_prefix[at].first - first) if at < len(same_prefix) else limit
+            same_prefix = self._spans.get(prefix)
+            if same_prefix:
+                at = bisect_left(same_prefix, first, key=_first)
+                if at < len(same_prefix):
+                    limit = min(limit, same_prefix[at].first - first)
+            if self._ranged_cells(prefix):
+                cells = self._cells
+                for offset in range(limit):
+                    if (*prefix, first + offset) in cells:
+                        return max(offset, 1)
+            return limit
         cells = self._cells
         spans = self._spans
         event_id = event_ids[start]
@@ -301,6 +345,7 @@ class RedeliveryMemory:
         are simply not remembered (a duplicate later, at worst)."""
         cells = self._cells
         order = self._order
+        before = len(order)
         found: list[list[int]] = []
         for event_id in event_ids:
             fresh = [0, 1]
@@ -310,6 +355,7 @@ class RedeliveryMemory:
             else:
                 cell[1] += 1
             found.append(cell)
+        self._appended += len(order) - before
         for _ in range(len(order) - self._capacity):
             del cells[order.popleft()]
         return found

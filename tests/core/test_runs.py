@@ -324,6 +324,43 @@ async def test_a_copy_given_without_its_range_is_still_known(
     await a.aclose()
 
 
+async def test_a_range_refetched_after_a_fetch_with_a_gap_is_still_known(
+    manager: SharedStreamManager,
+) -> None:
+    """The other way round: a fetch with a gap (Kafka's offset map left a finished
+    offset out) comes as a list of ids, and a later refetch of the same offsets as an
+    ``IdRange``. The copies in the range are recognised against those ids."""
+    producer = BatchRuns()
+    producer.feed_item(
+        EventBatch(["e1", "e3", "e4"], [1, 3, 4], "p0", [("t", "p0", n) for n in (1, 3, 4)])
+    )
+    a = manager.subscribe("k", "a", producer=lambda: producer)
+    first = await a.pull_batch(3)
+    manager.confirm_persisted([first.seq])
+    producer.feed_item(batch(1, 6))  # 1..6: 2, 5 and 6 are new
+    handed: list[str] = []
+    while len(handed) < 3:  # broadcast as runs: 1, 2, 3, 4, then 5..6 together
+        handed += (await a.pull_batch(10)).events
+    assert handed == ["e2", "e5", "e6"]
+    assert a.redeliveries_skipped == 3
+    await a.aclose()
+
+
+def test_a_range_is_cut_at_the_ids_remembered_one_by_one() -> None:
+    from ackgate._redelivery import RedeliveryMemory
+
+    memory = RedeliveryMemory(4)
+    memory.remember([("t", 0, 3), ("t", 0, 7)])
+    ids = IdRange(("t", 0), 0, 10)
+    assert memory.run_length(ids, 0, 10) == 3  # 0..2, up to the copy of 3
+    assert memory.run_length(ids, 3, 7) == 1  # 3: a copy, alone
+    assert memory.run_length(ids, 4, 6) == 3  # 4..6
+    assert memory.remember(IdRange(("t", 0), 3, 1)).redelivered
+    assert not memory.remember(IdRange(("t", 0), 4, 3)).redelivered
+    memory.remember(["u", "v", "w", "x"])  # the cells of ("t", 0) are forgotten
+    assert memory.run_length(IdRange(("t", 0), 7, 3), 0, 3) == 3
+
+
 async def test_the_end_of_the_upstream_leaves_the_open_event_of_a_run_unresolved(
     manager: SharedStreamManager,
 ) -> None:
