@@ -268,7 +268,7 @@ class Group:
             for seq in range(sub._seq, log.next_seq):
                 run = log.at(seq)
                 run.undelivered -= 1
-                if ack_mode and not (run.redelivered and sub._acked_earlier_copy(run)):
+                if ack_mode and not (run.skipped is not None and sub._acked_earlier_copy(run)):
                     self._fail_unhanded(sub, run)
         sub._cursor = log.head
         sub._seq = log.next_seq
@@ -326,10 +326,22 @@ class Group:
         """``sub`` failed or rejected the event at ``index`` of ``run`` alone (its part
         stays open until released). A reject ``reason`` (``"<id>: <reason>"``) is kept
         for the outcome, ordered by the subscription order."""
-        run.mark(index, how == "failed")
         part = sub._parts.get(run)
         if part is not None:
             part[1] |= 1 << index
+        if run.count == 1:  # the whole run: counted on it
+            if how == "failed":
+                run.failed += 1
+            else:
+                run.rejected += 1
+                if reason is not None:
+                    self._keep_reason(run, None, sub, reason)
+            return
+        marks = self.tracker.marks.setdefault(run, {})
+        counts = marks.get(index)
+        if counts is None:
+            counts = marks[index] = [0, 0]
+        counts[0 if how == "failed" else 1] += 1
         if reason is not None and how == "rejected":
             self._keep_reason(run, index, sub, reason)
 
@@ -462,7 +474,7 @@ class Group:
             not sub._left
             and sub._joined_at <= run.position
             and sub._cursor <= run.position
-            and not (run.redelivered and sub._acked_earlier_copy(run))
+            and not (run.skipped is not None and sub._acked_earlier_copy(run))
         )
 
     async def _watch_timeouts(self) -> None:
@@ -532,7 +544,7 @@ class Group:
                     if self.terminal is not None:
                         break
                 if not ack_mode:
-                    self._broadcast((item,), (None,), None)
+                    self._broadcast(1, item, None, None)
                 elif not (isinstance(item, tuple) and len(item) == 2):
                     raise TypeError(
                         "open_stream must yield (raw_event, broker_payload) pairs, "
@@ -546,7 +558,7 @@ class Group:
                     if roster is not None and not await self._until_healthy():
                         break
                     self._broadcast(
-                        (raw,), (payload,), lane_key, None if event_id is None else (event_id,)
+                        1, raw, payload, lane_key, None if event_id is None else (event_id,)
                     )
                     if tracker.outstanding >= max_outstanding:
                         assert tracker.outstanding == max_outstanding, "over max_outstanding"
@@ -700,14 +712,16 @@ class Group:
     ) -> None:
         """Broadcast events ``start..stop`` of a batch as one run. The caller made room
         for every one of them, and made sure only the last may overflow a subscriber."""
-        # The run's own copy of its raw events: read now, as a per-event poll would
-        # read each event when it broadcasts it.
-        raws = raws[start:stop]
         if start or stop < len(payloads):
             payloads = payloads[start:stop]
             if event_ids is not None:
                 event_ids = event_ids[start:stop]
-        self._broadcast(raws, payloads, lane_key, event_ids)
+        if stop - start == 1:
+            self._broadcast(1, raws[start], payloads[0], lane_key, event_ids)
+            return
+        # The run's own copy of its raw events: read now, as a per-event poll would
+        # read each event when it broadcasts it.
+        self._broadcast(stop - start, raws[start:stop], payloads, lane_key, event_ids)
 
     def _about_to_broadcast(self, lane_key: Hashable) -> tuple[Lane, float, int]:
         """Ack mode, before broadcasting events of ``lane_key``: their lane, their
@@ -740,20 +754,22 @@ class Group:
 
     def _broadcast(
         self,
-        raws: Sequence[Any],
-        payloads: Sequence[Any],
+        count: int,
+        raws: Any,
+        payloads: Any,
         lane_key: Hashable,
         event_ids: Sequence[Hashable] | None = None,
     ) -> None:
-        """Append one run (``raws``, one or more events of one lane) to the log. The
-        caller made room for it; only its last event may overflow a subscriber."""
+        """Append one run of ``count`` events of one lane to the log (``raws`` and
+        ``payloads`` as :class:`~ackgate._log.Run` holds them). The caller made room
+        for it; only its last event may overflow a subscriber."""
         log = self.log
         if self.ack_mode:
             tracker = self.tracker
             lane, now, snapshot = self._about_to_broadcast(lane_key)
             memory = None if event_ids is None else self.redelivery.remember(event_ids)
-            run = Run(log.next_seq, log.head, raws, payloads, lane, snapshot, now, memory)
-            if run.redelivered and snapshot:
+            run = Run(log.head, count, raws, payloads, lane, snapshot, now, memory)
+            if run.skipped is not None and snapshot:
                 self._carry_over(run)
             lane.runs.append(run)
             tracker.outstanding += run.count
@@ -767,7 +783,7 @@ class Group:
                 tracker.resolved(run)  # nobody to wait for
         else:
             snapshot = len(self.active)
-            run = Run(log.next_seq, log.head, raws, payloads, None, snapshot, 0.0)
+            run = Run(log.head, count, raws, payloads, None, snapshot, 0.0)
         log.append(run)
         if snapshot and log.head - self._min_cursor_hint > self._queue_size:
             self._fail_overflowing(run)
@@ -794,6 +810,7 @@ class Group:
         of every event of ``run`` after its broadcast and is not handed it: counted
         acked for it now, exactly as ``_carry_over`` would have at the broadcast."""
         assert run.pending > 0, "resolved more often than its snapshot allows"
+        assert run.skipped is not None, "a redelivered copy"
         run.skipped |= flag
         self._count_skip(sub, run.count)
         run.pending -= 1

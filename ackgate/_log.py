@@ -35,17 +35,20 @@ class Run:
 
     How each subscriber resolved each event: a subscriber that resolved its whole
     part one way without being handed any of it (it left or failed before, or a
-    whole batch it held failed) counts once in ``failed`` / ``rejected``; one that
-    treated single events differently counts per event in ``marks`` (index ->
-    ``[failed, rejected]``); every other member of the snapshot acked the event.
+    whole batch it held failed) counts once in ``failed`` / ``rejected``, and so
+    does one that failed or rejected the event of a run of one; one that treated
+    single events of a longer run differently counts per event in the run's
+    *marks* (``LaneTracker.marks``: index -> ``[failed, rejected]``, kept aside:
+    most runs never have any); every other member of the snapshot acked the event.
 
     Invariants (checked by ``tests/core/test_stateful.py``): for every index,
     ``failed + rejected + marks[i] <= snapshot`` and, once ``pending`` is 0,
     ``acked = snapshot - failed - rejected - sum(marks[i])`` for each event;
     ``undelivered`` counts the subscribers in the snapshot whose cursor has not
-    passed the run yet (or who still might be handed part of it); ``skipped`` holds
-    the bits of the subscribers counted acked because they acked an earlier copy of
-    every event of the run, and is nonzero only if ``redelivered``.
+    passed the run yet (or who still might be handed part of it); ``skipped`` is
+    ``None`` unless the run is a redelivered copy, and then holds the bits of the
+    subscribers counted acked because they acked an earlier copy of every event of
+    the run.
     """
 
     __slots__ = (
@@ -53,15 +56,12 @@ class Run:
         "count",
         "failed",
         "lane",
-        "marks",
         "memory",
         "payloads",
         "pending",
         "position",
         "raws",
-        "redelivered",
         "rejected",
-        "seq",
         "skipped",
         "snapshot",
         "undelivered",
@@ -69,21 +69,23 @@ class Run:
 
     def __init__(
         self,
-        seq: int,
         position: int,
-        raws: Sequence[Any],
-        payloads: Sequence[Any],
+        count: int,
+        raws: Any,
+        payloads: Any,
         lane: Lane | None,
         snapshot: int,
         broadcast_at: float,
         memory: Remembered | None = None,
     ) -> None:
-        #: The run's index in the group's log (0, 1, 2, ...).
-        self.seq = seq
         #: Stream position of the run's first event; its events are at
         #: ``position .. position + count - 1``.
         self.position = position
-        self.count = len(raws)
+        self.count = count
+        #: The raw events and broker payloads: sequences of ``count`` items, but for a
+        #: run of one event, which holds its raw event and payload themselves (the
+        #: per-event path: no sequence to build or keep per event). Read them through
+        #: ``raw_events`` / ``broker_payloads`` off the hot paths.
         self.raws = raws
         self.payloads = payloads
         self.lane = lane
@@ -93,26 +95,22 @@ class Run:
         self.broadcast_at = broadcast_at
         #: The redelivery memory's record of the run's ids (SPEC §13), if it has ids.
         self.memory = memory
-        #: Whether an earlier copy of one of its ids was broadcast in this group: only
-        #: then may a subscriber have acked an earlier copy, and a hand-out check it.
-        self.redelivered = memory is not None and memory.redelivered
-        self.skipped = 0
+        #: ``None`` unless an earlier copy of one of its ids was broadcast in this
+        #: group: only then may a subscriber have acked an earlier copy, and a
+        #: hand-out check it (``is not None`` is that check, on the hot path).
+        self.skipped: int | None = 0 if memory is not None and memory.redelivered else None
         self.failed = 0
         self.rejected = 0
-        self.marks: dict[int, list[int]] | None = None
+
+    def raw_events(self, start: int, stop: int) -> list[Any]:
+        """The raw events ``start .. stop - 1``, in a new list."""
+        return [self.raws] if self.count == 1 else list(self.raws[start:stop])
+
+    def broker_payloads(self) -> Sequence[Any]:
+        return (self.payloads,) if self.count == 1 else self.payloads
 
     def lane_key(self) -> Hashable:
         return None if self.lane is None else self.lane.key
-
-    def mark(self, index: int, failed: bool) -> None:
-        """One subscriber resolved the event at ``index`` alone: failed or rejected."""
-        marks = self.marks
-        if marks is None:
-            marks = self.marks = {}
-        counts = marks.get(index)
-        if counts is None:
-            counts = marks[index] = [0, 0]
-        counts[0 if failed else 1] += 1
 
 
 class EventLog:
@@ -132,7 +130,7 @@ class EventLog:
         self.next_seq = 0
 
     def append(self, run: Run) -> None:
-        assert run.position == self.head and run.seq == self.next_seq
+        assert run.position == self.head
         self.entries.append(run)
         self.head += run.count
         self.next_seq += 1

@@ -29,11 +29,11 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ackgate._bindings import BatchBinding, BoundBatch, EventRef
+from ackgate._log import Run
 from ackgate._redelivery import _Spanned
 
 if TYPE_CHECKING:
     from ackgate._group import Group, Resolution
-    from ackgate._log import Run
 
 logger = logging.getLogger("ackgate.subscription")
 
@@ -154,25 +154,34 @@ class Subscription:
             cursor = self._cursor
             if cursor < log.head:
                 run = log.entries[self._seq - log.base]
+                count = run.count
                 index = cursor - run.position
                 if index == 0:
-                    if run.redelivered and ack_mode and self._acked_earlier_copy(run):
+                    if run.skipped is not None and ack_mode and self._acked_earlier_copy(run):
                         # Counted acked (it acked an earlier copy): pass it. A poll
                         # waiting for room may be waiting for exactly this cursor.
                         self._pass(run)
                         continue
-                    if run.count > 1 and ack_mode:
+                    if count > 1 and ack_mode:
                         self._parts[run] = [1, 0]  # the walk hold
                     # A run of one event has no part entry: its open window and its
                     # outputs hold it, as they hold an event yielded alone.
                 self._cursor = cursor + 1
-                if index == run.count - 1:
+                if index == count - 1:
                     self._seq += 1
                     run.undelivered -= 1
                     if run.undelivered == 0:
                         log.trim()
                 break
-            await self._wait()
+            # ``_wait()``, inlined: a subscriber that keeps up waits once per event.
+            waiters = group.waiters
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            waiters.add(waiter)
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+                waiters.discard(waiter)  # gone already unless this wait was cancelled
             if self._left:
                 raise StopAsyncIteration
         if group.blocked:
@@ -183,7 +192,7 @@ class Subscription:
             self._current_resolved = False
             if _current_subscription.get() is not self:
                 _current_subscription.set(self)
-        return run.raws[index]
+        return run.raws if count == 1 else run.raws[index]
 
     def _pass(self, run: Run) -> None:
         """Move the cursor past ``run`` without handing it out (it was skipped)."""
@@ -265,7 +274,7 @@ class Subscription:
         while len(pulled) < max_events and self._cursor < log.head:
             run = log.entries[self._seq - log.base]
             index = self._cursor - run.position
-            if index == 0 and run.redelivered and self._acked_earlier_copy(run):
+            if index == 0 and run.skipped is not None and self._acked_earlier_copy(run):
                 self._pass(run)
                 continue
             current = self._current
@@ -288,7 +297,7 @@ class Subscription:
             self._current_index = index
             self._current_resolved = False
             outputs[key] = 1
-            pulled.append((run.raws[index], bind(self, key)))
+            pulled.append((run.raws if run.count == 1 else run.raws[index], bind(self, key)))
         log.trim()
         if group.blocked:
             group.room.set()  # a poll waiting for room may wait for exactly this cursor
@@ -341,9 +350,9 @@ class Subscription:
         if len(slices) == 1:
             # A copy even of a whole run: every subscriber gets its own list.
             run, start, stop = slices[0]
-            events = list(run.raws[start:stop])
+            events = run.raw_events(start, stop)
         else:
-            events = [raw for run, start, stop in slices for raw in run.raws[start:stop]]
+            events = [raw for run, start, stop in slices for raw in run.raw_events(start, stop)]
         return BoundBatch(events, self._registry.bind(self, binding))
 
     def _take_slices(self, limit: int) -> list[tuple[Run, int, int]]:
@@ -357,7 +366,7 @@ class Subscription:
         while limit > 0 and self._cursor < log.head:
             run = log.entries[self._seq - log.base]
             start = self._cursor - run.position
-            if start == 0 and run.redelivered and self._acked_earlier_copy(run):
+            if start == 0 and run.skipped is not None and self._acked_earlier_copy(run):
                 self._pass(run)
                 continue
             stop = min(run.count, start + limit)
@@ -421,7 +430,9 @@ class Subscription:
         if bit is None:
             return False
         flag = 1 << bit
-        if run.skipped & flag:
+        skipped = run.skipped
+        assert skipped is not None, "caller: a redelivered copy"
+        if skipped & flag:
             return True
         memory = run.memory
         assert memory is not None, "a redelivered copy has its ids' record"
@@ -449,7 +460,7 @@ class Subscription:
             index = offset - span.first
             if part[1] >> index & 1:
                 return False  # rejected or failed by this subscriber
-            handed = self._cursor - run.position if self._seq == run.seq else run.count
+            handed = min(self._cursor - run.position, run.count)
             if index >= handed or (run is self._current and index == self._current_index):
                 return False
             if (run, index) in self._outputs:
@@ -476,7 +487,7 @@ class Subscription:
         index = self._current_index
         if run.memory is not None and self._bit is not None and (run, index) not in self._outputs:
             run.memory.ack_some((index,), 1 << self._bit)  # acked, perhaps before the rest
-        if self._seq > run.seq:
+        if self._cursor >= run.position + run.count:
             # Nothing more of the run is handed out (its last event was, or the rest
             # was resolved without a hand-out): the walk is over.
             self._group.release(self, run)
@@ -488,7 +499,7 @@ class Subscription:
         self._current_resolved = True
         if run.count == 1:
             self._group.part_done(self, run, 1)
-        elif self._seq > run.seq:
+        elif self._cursor >= run.position + run.count:
             self._group.release(self, run)  # nothing more of it is handed out
 
     def _output_resolved(
@@ -563,6 +574,21 @@ class Subscription:
 
     def _output_confirmed(self, target: EventRef | BatchBinding) -> bool:
         """Caller: the output registry. Returns False if the number was stale."""
+        outputs = self._outputs
+        if isinstance(target, Run):
+            # An output on a run of one event, the per-event path's: kept flat.
+            count = outputs.get(target)
+            if count is None:
+                return False
+            if count > 1:
+                outputs[target] = count - 1
+            else:
+                del outputs[target]
+                if target is not self._current:  # acked once its window is closed too
+                    self._group.part_done(self, target, 0)
+                    if self._left:
+                        self._discard_if_departed()
+            return True
         if isinstance(target, BatchBinding):
             if target not in self._batches:
                 return False
@@ -580,24 +606,15 @@ class Subscription:
                 release(self, run)
             self._discard_if_departed()
             return True
-        outputs = self._outputs
         count = outputs.get(target)
         if count is None:
             return False
+        run, index = target
         if count > 1:
             outputs[target] = count - 1
-            if isinstance(target, tuple):
-                self._group.release(self, target[0])  # each output holds the part
+            self._group.release(self, run)  # each output holds the part
             return True
         del outputs[target]
-        if not isinstance(target, tuple):
-            # A run of one event: acked once its window is closed too.
-            if target is not self._current:
-                self._group.part_done(self, target, 0)
-                if self._left:
-                    self._discard_if_departed()
-            return True
-        run, index = target
         if (
             run.memory is not None
             and self._bit is not None

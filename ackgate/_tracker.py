@@ -92,6 +92,10 @@ class LaneTracker:
         #: Only runs rejected with a reason have an entry, so the common case costs
         #: nothing per run.
         self.reasons: dict[Run, dict[int | None, list[tuple[int, str]]]] = {}
+        #: The marks of runs not advanced yet (``Run``: how single events of a run
+        #: of several were failed or rejected alone), per run index, as ``[failed,
+        #: rejected]``. Only runs with such an event have an entry.
+        self.marks: dict[Run, dict[int, list[int]]] = {}
         #: Set while the poll waits for ``outstanding`` to drop below the limit.
         self._room: asyncio.Future[None] | None = None
         self.advanced_events = 0
@@ -216,14 +220,14 @@ class LaneTracker:
             events += run.count
             if bulk:
                 units.append(self._advance_run(run))
-            elif run.count == 1 and run.marks is None and run not in self.reasons:
+            elif run.count == 1 and run not in self.reasons:
                 # The per-event producer's case, once per event: kept flat.
                 failed, rejected = run.failed, run.rejected
                 units.append(
                     _new_item(
                         AdvanceItem,
                         (
-                            run.payloads[0],
+                            run.payloads,  # a run of one: the payload itself
                             _outcome(run.snapshot - failed - rejected, failed, rejected),
                         ),
                     )
@@ -240,9 +244,9 @@ class LaneTracker:
         reasons = self.reasons.pop(run, None) or {}
         whole = reasons.get(None, [])
         outcome = _outcome(snapshot - failed - rejected, failed, rejected, _texts(whole))
-        marks = run.marks
+        marks = self.marks.pop(run, None)
         if marks is None:
-            return AdvanceRun(run.payloads, outcome)
+            return AdvanceRun(run.broker_payloads(), outcome)
         exceptions: dict[int, AdvanceOutcome] = {}
         for index in sorted(marks):
             event_failed = failed + marks[index][0]
@@ -254,7 +258,7 @@ class LaneTracker:
                 event_rejected,
                 _texts(whole + own) if own else outcome.reasons,
             )
-        return AdvanceRun(run.payloads, outcome, exceptions)
+        return AdvanceRun(run.broker_payloads(), outcome, exceptions)
 
     def _failed(self, exc: BaseException) -> None:
         self.halt()

@@ -64,6 +64,29 @@ async def test_only_the_subscriber_that_did_not_ack_is_handed_the_copy(
     assert (healthy.redeliveries_skipped, flaky.redeliveries_skipped) == (1, 0)
 
 
+async def test_an_event_rejected_in_a_batch_is_handed_its_copy(
+    manager: SharedStreamManager, identified: IdentifiedProducer
+) -> None:
+    """Per-event producer, batch subscriber: a reject of one event of a pulled batch
+    is never carried over as an ack of its id."""
+    sub = manager.subscribe("k", "batcher", producer=lambda: identified)
+    identified.feed("x", ("x", 1))
+    batch = await sub.pull_batch(1)
+    manager.reject_in_batch(batch.seq, [0], "bad row")
+    identified.feed("x", ("x", 2))  # the broker redelivers it
+    async with asyncio.timeout(5):  # a wrongly remembered ack would skip the copy
+        again = await sub.pull_batch(1)
+    assert again.events == ["x"]
+    manager.confirm_persisted([again.seq])
+    await identified.wait_advanced(2)
+    result = outcomes_by_copy(identified)
+    assert result[("x", 1)].rejected == 1
+    assert result[("x", 1)].reasons == ("batcher: bad row",)
+    assert result[("x", 2)].acked == 1
+    assert sub.redeliveries_skipped == 0
+    await sub.aclose()
+
+
 async def test_a_copy_everyone_acked_is_advanced_without_being_handed_out(
     manager: SharedStreamManager, identified: IdentifiedProducer
 ) -> None:
