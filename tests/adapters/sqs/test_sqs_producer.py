@@ -125,6 +125,85 @@ async def test_aclose_releases_what_was_never_advanced(sqs: SqsAdmin) -> None:
     assert len(back) == 4  # one acked; the other four come back without the 300 s wait
 
 
+def spy_on_receives(source: SqsStreamProducer) -> asyncio.Event:
+    """An event set when the producer sends its next ``ReceiveMessage``."""
+    sent = asyncio.Event()
+    receive = source._client.receive_message
+
+    async def spied(**request: Any) -> Any:
+        sent.set()
+        return await receive(**request)
+
+    source._client.receive_message = spied
+    return sent
+
+
+async def test_a_release_while_closing_waits_for_the_receive_in_flight(sqs: SqsAdmin) -> None:
+    """A group's stop: its poll is cancelled with a long poll in flight, its final
+    advances release a failed message, then the producer closes. SQS answers the
+    poll in flight with a message made visible meanwhile, even though the client
+    hung up: one receive counted that no handler sees."""
+    url = await sqs.create_queue()
+    await sqs.send(url, ["fails"])
+    source = producer(sqs, url, wait_time_seconds=2, visibility_timeout=300)
+    stream = source.open_stream()
+    try:
+        [(raw, payload)] = await take(stream, 1)
+        polling = spy_on_receives(source)
+        following = asyncio.ensure_future(anext(stream))
+        await polling.wait()
+        following.cancel()  # the stop cancels the group's poll first
+        await asyncio.gather(following, return_exceptions=True)
+        await stream.aclose()
+        await source.advance([AdvanceItem(payload, FAILED)])  # the final advances
+    finally:
+        await stream.aclose()
+        await source.aclose()
+    async with asyncio.timeout(10):
+        [back] = await sqs.drain(url, wait=1)  # released: back before the 300 s
+    assert raw["Attributes"]["ApproximateReceiveCount"] == "1"
+    # The handlers' receive and this one; a receive for no handler would make it 3.
+    assert back["Attributes"]["ApproximateReceiveCount"] == "2"
+
+
+async def test_aclose_abandons_a_receive_that_never_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Closing waits for the receive in flight only until SQS must have answered
+    it: then the held messages are released anyway and the client closed."""
+    monkeypatch.setattr("ackgate_sqs._producer._RECEIVE_GRACE", 0.1)
+    source = SqsStreamProducer("http://127.0.0.1:1/123/q", wait_time_seconds=0)
+    client = HangingClient()
+    source._client = client
+    [held] = fake_payloads(1)
+    source._outstanding[held.handle] = held
+    source._receiving = asyncio.ensure_future(source._receive())
+    async with asyncio.timeout(10):
+        await client.receiving.wait()
+        await source.aclose()
+    assert source._receiving.cancelled()
+    assert client.released == [[held.handle]]
+
+
+class HangingClient:
+    """A receive that never answers; records the releases."""
+
+    def __init__(self) -> None:
+        self.receiving = asyncio.Event()
+        self.released: list[list[str]] = []
+
+    async def receive_message(self, **request: Any) -> Any:
+        self.receiving.set()
+        await asyncio.Event().wait()
+
+    async def change_message_visibility_batch(
+        self, QueueUrl: str, Entries: list[dict[str, Any]]
+    ) -> Any:
+        assert all(entry["VisibilityTimeout"] == 0 for entry in Entries)
+        self.released.append([entry["ReceiptHandle"] for entry in Entries])
+        return {"Successful": [{"Id": entry["Id"]} for entry in Entries]}
+
+
 async def test_stale_receipt_is_logged_not_raised(
     sqs: SqsAdmin, caplog: pytest.LogCaptureFixture
 ) -> None:

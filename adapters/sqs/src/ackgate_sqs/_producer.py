@@ -95,6 +95,11 @@ logger = logging.getLogger("ackgate.adapters.sqs")
 #: failed retry up to the maximum.
 _RETRY_BACKOFF = 1.0
 _MAX_RETRY_BACKOFF = 30.0
+#: Seconds past its ``WaitTimeSeconds`` that closing still waits for a receive in
+#: flight. SQS answers a long poll when its wait runs out, so a receive still
+#: unanswered this long after that is stuck on the network, and its poll on the
+#: server is over: releasing can no longer feed it.
+_RECEIVE_GRACE = 5.0
 
 
 def _unreachable(error: BaseException) -> bool:
@@ -122,11 +127,14 @@ class SqsStreamProducer(SharedStreamProducer):
     the usual botocore ways; ``client_options`` go to ``create_client`` (e.g.
     ``config=botocore.config.Config(...)``).
 
-    Closing (:meth:`aclose`) stops the heartbeat, lets a long poll already sent
-    finish (SQS keeps it open server-side even if the client hangs up, hiding
-    what it picks up for ``visibility_timeout``), makes every message that was
-    received but not advanced visible again so it is redelivered at once, then
-    closes the client. Closing therefore takes up to ``wait_time_seconds``.
+    Closing (the stream ending, then :meth:`aclose`) sends no more receives and
+    makes nothing visible until the long poll already sent has returned (SQS
+    keeps it open server-side even if the client hangs up, and would count a
+    receive of any message made visible meanwhile, for no handler): the releases
+    the final advances ask for wait for it too. Then every message received but
+    not advanced, what that poll returned included, is made visible again so it
+    is redelivered at once, and the client is closed. Closing therefore takes up
+    to ``wait_time_seconds``.
     """
 
     def __init__(
@@ -174,6 +182,12 @@ class SqsStreamProducer(SharedStreamProducer):
         self._releases = Coalescer(self._release)
         self._heartbeat: asyncio.Task[None] | None = None
         self._receiving: asyncio.Task[list[tuple[dict[str, Any], Receipt]]] | None = None
+        # Loop time by which SQS answers the receive in flight (its long poll's end).
+        self._receive_ends = 0.0
+        # Set once the stream ends or aclose() starts. Invariant: once set, no
+        # receive is sent, and no message is made visible while the last receive
+        # is in flight (_release holds them; aclose() releases them after it).
+        self._closing = False
 
     async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
         """Long-poll the queue forever, yielding ``(message, receipt)``.
@@ -189,22 +203,27 @@ class SqsStreamProducer(SharedStreamProducer):
         await self._connect()
         self._heartbeat = asyncio.create_task(self._keep_invisible(), name="ackgate-sqs-heartbeat")
         backoff = _RETRY_BACKOFF
-        while True:
-            self._receiving = asyncio.create_task(self._receive(), name="ackgate-sqs-receive")
-            try:
-                received = await asyncio.shield(self._receiving)
-            except Exception as exc:
-                if not _unreachable(exc):
-                    raise
-                # An outage: said once (the core logs it), retried until SQS answers.
-                self.upstream_lost(self._queue_url, exc)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, _MAX_RETRY_BACKOFF)
-                continue
-            backoff = _RETRY_BACKOFF
-            self.upstream_back()
-            for pair in received:
-                yield pair
+        try:
+            while not self._closing:
+                self._receiving = asyncio.create_task(self._receive(), name="ackgate-sqs-receive")
+                try:
+                    received = await asyncio.shield(self._receiving)
+                except Exception as exc:
+                    if not _unreachable(exc):
+                        raise
+                    # An outage: said once (the core logs it), retried until SQS answers.
+                    self.upstream_lost(self._queue_url, exc)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, _MAX_RETRY_BACKOFF)
+                    continue
+                backoff = _RETRY_BACKOFF
+                self.upstream_back()
+                for pair in received:
+                    yield pair
+        finally:
+            # The group stops reading before its final advances: from here on a
+            # release must not race the receive still in flight (see _release).
+            self._closing = True
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         receipt: Receipt = broker_payload
@@ -254,17 +273,37 @@ class SqsStreamProducer(SharedStreamProducer):
         await self._releases.submit(release)
 
     async def aclose(self) -> None:
-        """Stop the heartbeat, release what was never advanced, close the client.
+        """Send no more receives, wait for the one in flight, then release every
+        message received and not advanced (the releases advances asked for
+        meanwhile included), and close the client.
 
-        Cancellation abandons the wait for a pending long poll; the client is
-        closed regardless.
+        The wait is what keeps a stop from costing a message a receive no handler
+        sees: SQS keeps a long poll open server-side even when the client hangs
+        up, and answers it with a message made visible meanwhile, counting a
+        receive (``ApproximateReceiveCount``, which ``give_up_after`` and a
+        redrive policy's ``maxReceiveCount`` read) and hiding the message for
+        ``visibility_timeout``. Until the poll ends the heartbeat goes on, since a
+        lapsed visibility would feed the poll the same way. What that last poll
+        returns is released too. The wait is bounded: SQS answers a poll at the
+        latest ``wait_time_seconds`` after it was sent; one still unanswered
+        5 s later is abandoned (its poll on the server is over by then).
+
+        Cancellation abandons the wait and releases nothing more: the held
+        messages come back once their visibility lapses, with no receive counted
+        that no handler saw. The client is closed regardless.
         """
+        self._closing = True
+        loop = asyncio.get_running_loop()
         try:
+            receiving = self._receiving
+            if receiving is not None and not receiving.done():
+                timeout = self._receive_ends + _RECEIVE_GRACE - loop.time()
+                await asyncio.wait([receiving], timeout=max(0.0, timeout))
+                receiving.cancel()  # no-op if it returned; else abandoned, see above
+                await asyncio.wait([receiving])
             if self._heartbeat is not None:
                 self._heartbeat.cancel()
                 await asyncio.wait([self._heartbeat])
-            if self._receiving is not None:
-                await asyncio.wait([self._receiving])
             abandoned = list(self._outstanding.values())
             self._outstanding.clear()
             if abandoned and self._client is not None:
@@ -287,6 +326,7 @@ class SqsStreamProducer(SharedStreamProducer):
 
     async def _receive(self) -> list[tuple[dict[str, Any], Receipt]]:
         sent_at = asyncio.get_running_loop().time()
+        self._receive_ends = sent_at + self._wait
         response = await self._client.receive_message(
             QueueUrl=self._queue_url,
             MaxNumberOfMessages=self._max_messages,
@@ -369,6 +409,15 @@ class SqsStreamProducer(SharedStreamProducer):
                 )
 
     async def _release(self, receipts: Sequence[Receipt]) -> None:
+        receiving = self._receiving
+        if self._closing and receiving is not None and not receiving.done():
+            # The stream is closed, so what that receive returns reaches no handler;
+            # made visible now, a message would be received by it, counted and
+            # hidden for nothing. Held (and kept invisible by the heartbeat) until
+            # aclose() releases it once the receive has returned.
+            for receipt in receipts:
+                self._outstanding[receipt.handle] = receipt
+            return
         for chunk in chunks(receipts):
             try:
                 async with self._visibility_lock:
