@@ -138,13 +138,17 @@ def spy_on_receives(source: SqsStreamProducer) -> asyncio.Event:
     return sent
 
 
-async def test_a_release_while_closing_waits_for_the_receive_in_flight(sqs: SqsAdmin) -> None:
+@pytest.mark.parametrize("fifo", [False, True], ids=["standard", "fifo"])
+async def test_a_release_while_closing_waits_for_the_receive_in_flight(
+    sqs: SqsAdmin, fifo: bool
+) -> None:
     """A group's stop: its poll is cancelled with a long poll in flight, its final
     advances release a failed message, then the producer closes. SQS answers the
     poll in flight with a message made visible meanwhile, even though the client
-    hung up: one receive counted that no handler sees."""
-    url = await sqs.create_queue()
-    await sqs.send(url, ["fails"])
+    hung up: one receive counted that no handler sees. On a FIFO queue, as soon as
+    the released message is the last of its group in flight."""
+    url = await sqs.create_queue(fifo=fifo)
+    await sqs.send(url, ["fails"], group="g" if fifo else None)
     source = producer(sqs, url, wait_time_seconds=2, visibility_timeout=300)
     stream = source.open_stream()
     try:

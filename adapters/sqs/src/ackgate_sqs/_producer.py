@@ -8,7 +8,8 @@ What each outcome does to the broker (:meth:`SqsStreamProducer.advance`):
 
 * clean (acked by everyone, nobody failed or rejected) → ``DeleteMessageBatch``;
 * any subscriber failed, or nobody was subscribed → visibility 0, so SQS
-  redelivers it at once;
+  redelivers it at once (once this producer's long poll in flight, if any, has
+  returned: see :class:`SqsStreamProducer`);
 * rejected (and nobody failed) → with ``dlq_queue_url``: sent to that queue
   (original body and message attributes plus ``ackgate.reason``: "rejected by R of N
   subscribers", then each reason given (SPEC §8, ``"<subscriber_id>: <reason>"``),
@@ -127,14 +128,16 @@ class SqsStreamProducer(SharedStreamProducer):
     the usual botocore ways; ``client_options`` go to ``create_client`` (e.g.
     ``config=botocore.config.Config(...)``).
 
-    Closing (the stream ending, then :meth:`aclose`) sends no more receives and
-    makes nothing visible until the long poll already sent has returned (SQS
-    keeps it open server-side even if the client hangs up, and would count a
-    receive of any message made visible meanwhile, for no handler): the releases
-    the final advances ask for wait for it too. Then every message received but
-    not advanced, what that poll returned included, is made visible again so it
-    is redelivered at once, and the client is closed. Closing therefore takes up
-    to ``wait_time_seconds``.
+    No message is made visible while a long poll of this producer is in flight:
+    a release waits for it to return (at once on a busy queue, at most
+    ``wait_time_seconds`` on an idle one). SQS keeps a poll open server-side
+    even after the client hung up and answers it with a message made visible
+    meanwhile; at a stop that is a receive counted (``Message.attempt``,
+    ``give_up_after``, a redrive policy's ``maxReceiveCount``) that no handler
+    sees. Closing (:meth:`aclose`) sends no more receives, waits for the one in
+    flight, makes every message received but not advanced (what that last poll
+    returned included) visible again so it is redelivered at once, then closes
+    the client. Closing therefore takes up to ``wait_time_seconds``.
     """
 
     def __init__(
@@ -184,9 +187,19 @@ class SqsStreamProducer(SharedStreamProducer):
         self._receiving: asyncio.Task[list[tuple[dict[str, Any], Receipt]]] | None = None
         # Loop time by which SQS answers the receive in flight (its long poll's end).
         self._receive_ends = 0.0
-        # Set once the stream ends or aclose() starts. Invariant: once set, no
-        # receive is sent, and no message is made visible while the last receive
-        # is in flight (_release holds them; aclose() releases them after it).
+        # True while a ReceiveMessage is in flight; turned on only under
+        # _visibility_lock. Invariant: no release is in flight meanwhile. SQS
+        # answers a long poll with any message made visible while it waits, even
+        # once the client has hung up: if that poll returns into a stopping
+        # stream, the message got a receive (ApproximateReceiveCount, which
+        # give_up_after and maxReceiveCount read) that no handler saw, and stays
+        # hidden for visibility_timeout. So a release waits for the poll to end
+        # (in _held), at most wait_time_seconds; on a busy queue polls return at once.
+        self._polling = False
+        # Releases asked for while polling; still in _outstanding, so the heartbeat
+        # keeps them invisible and aclose() finds them. Sent when the poll ends.
+        self._held: list[Receipt] = []
+        # Set by aclose(). Invariant: once set, no receive is sent.
         self._closing = False
 
     async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
@@ -203,27 +216,22 @@ class SqsStreamProducer(SharedStreamProducer):
         await self._connect()
         self._heartbeat = asyncio.create_task(self._keep_invisible(), name="ackgate-sqs-heartbeat")
         backoff = _RETRY_BACKOFF
-        try:
-            while not self._closing:
-                self._receiving = asyncio.create_task(self._receive(), name="ackgate-sqs-receive")
-                try:
-                    received = await asyncio.shield(self._receiving)
-                except Exception as exc:
-                    if not _unreachable(exc):
-                        raise
-                    # An outage: said once (the core logs it), retried until SQS answers.
-                    self.upstream_lost(self._queue_url, exc)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, _MAX_RETRY_BACKOFF)
-                    continue
-                backoff = _RETRY_BACKOFF
-                self.upstream_back()
-                for pair in received:
-                    yield pair
-        finally:
-            # The group stops reading before its final advances: from here on a
-            # release must not race the receive still in flight (see _release).
-            self._closing = True
+        while not self._closing:
+            self._receiving = asyncio.create_task(self._receive(), name="ackgate-sqs-receive")
+            try:
+                received = await asyncio.shield(self._receiving)
+            except Exception as exc:
+                if not _unreachable(exc):
+                    raise
+                # An outage: said once (the core logs it), retried until SQS answers.
+                self.upstream_lost(self._queue_url, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _MAX_RETRY_BACKOFF)
+                continue
+            backoff = _RETRY_BACKOFF
+            self.upstream_back()
+            for pair in received:
+                yield pair
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         receipt: Receipt = broker_payload
@@ -274,19 +282,15 @@ class SqsStreamProducer(SharedStreamProducer):
 
     async def aclose(self) -> None:
         """Send no more receives, wait for the one in flight, then release every
-        message received and not advanced (the releases advances asked for
-        meanwhile included), and close the client.
+        message received and not advanced (what that last poll returned
+        included), and close the client.
 
-        The wait is what keeps a stop from costing a message a receive no handler
-        sees: SQS keeps a long poll open server-side even when the client hangs
-        up, and answers it with a message made visible meanwhile, counting a
-        receive (``ApproximateReceiveCount``, which ``give_up_after`` and a
-        redrive policy's ``maxReceiveCount`` read) and hiding the message for
-        ``visibility_timeout``. Until the poll ends the heartbeat goes on, since a
-        lapsed visibility would feed the poll the same way. What that last poll
-        returns is released too. The wait is bounded: SQS answers a poll at the
-        latest ``wait_time_seconds`` after it was sent; one still unanswered
-        5 s later is abandoned (its poll on the server is over by then).
+        Nothing is made visible while the poll is in flight: SQS would answer it
+        with the message, a receive counted for no handler (see ``_polling``).
+        The heartbeat keeps going until then, since a lapsed visibility would feed
+        the poll the same way. The wait is bounded: SQS answers a poll
+        ``wait_time_seconds`` after it was sent at the latest; one still
+        unanswered 5 s later is abandoned (its poll on the server is over by then).
 
         Cancellation abandons the wait and releases nothing more: the held
         messages come back once their visibility lapses, with no receive counted
@@ -304,8 +308,9 @@ class SqsStreamProducer(SharedStreamProducer):
             if self._heartbeat is not None:
                 self._heartbeat.cancel()
                 await asyncio.wait([self._heartbeat])
-            abandoned = list(self._outstanding.values())
+            abandoned = list(self._outstanding.values())  # the held releases too
             self._outstanding.clear()
+            self._held.clear()
             if abandoned and self._client is not None:
                 await self._release(abandoned)
         finally:
@@ -325,16 +330,28 @@ class SqsStreamProducer(SharedStreamProducer):
         )
 
     async def _receive(self) -> list[tuple[dict[str, Any], Receipt]]:
+        """One long poll; then the releases held while it was in flight."""
+        async with self._visibility_lock:  # waits for a release in flight
+            self._polling = True
         sent_at = asyncio.get_running_loop().time()
         self._receive_ends = sent_at + self._wait
-        response = await self._client.receive_message(
-            QueueUrl=self._queue_url,
-            MaxNumberOfMessages=self._max_messages,
-            WaitTimeSeconds=self._wait,
-            VisibilityTimeout=self._visibility,
-            MessageSystemAttributeNames=["All"],
-            MessageAttributeNames=["All"],
-        )
+        try:
+            response = await self._client.receive_message(
+                QueueUrl=self._queue_url,
+                MaxNumberOfMessages=self._max_messages,
+                WaitTimeSeconds=self._wait,
+                VisibilityTimeout=self._visibility,
+                MessageSystemAttributeNames=["All"],
+                MessageAttributeNames=["All"],
+            )
+        except asyncio.CancelledError:
+            self._polling = False
+            raise  # abandoned by aclose(), which releases what is held
+        except Exception:
+            self._polling = False
+            await self._release_held()
+            raise
+        self._polling = False
         received = []
         for message in response.get("Messages", ()):
             lane = message["Attributes"]["MessageGroupId"] if self._fifo else message["MessageId"]
@@ -343,6 +360,7 @@ class SqsStreamProducer(SharedStreamProducer):
             # finds the message and releases it.
             self._outstanding[receipt.handle] = receipt
             received.append((message, receipt))
+        await self._release_held()
         return received
 
     async def _keep_invisible(self) -> None:
@@ -408,19 +426,21 @@ class SqsStreamProducer(SharedStreamProducer):
                     failed_ids(failures),
                 )
 
+    async def _release_held(self) -> None:
+        held, self._held = self._held, []
+        for receipt in held:
+            # Out before the release: the heartbeat must not extend it afterwards.
+            self._outstanding.pop(receipt.handle, None)
+        await self._release(held)
+
     async def _release(self, receipts: Sequence[Receipt]) -> None:
-        receiving = self._receiving
-        if self._closing and receiving is not None and not receiving.done():
-            # The stream is closed, so what that receive returns reaches no handler;
-            # made visible now, a message would be received by it, counted and
-            # hidden for nothing. Held (and kept invisible by the heartbeat) until
-            # aclose() releases it once the receive has returned.
-            for receipt in receipts:
-                self._outstanding[receipt.handle] = receipt
-            return
         for chunk in chunks(receipts):
             try:
                 async with self._visibility_lock:
+                    if self._polling:  # see _polling: sent once the poll has ended
+                        self._held.extend(chunk)
+                        self._outstanding.update((r.handle, r) for r in chunk)
+                        continue
                     failures = await submit(
                         self._client.change_message_visibility_batch,
                         self._queue_url,
