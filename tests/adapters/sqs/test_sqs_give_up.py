@@ -125,9 +125,8 @@ async def test_a_message_that_stops_the_process_is_given_up_past_give_up_after(
     SQS counts the receives across processes, so the third process gives up on it
     without a call.
 
-    A real death, not a cancelled ``run()``: a cancelled call is released at once, and
-    a broker whose long poll answers as soon as a message is visible (ElasticMQ, SQS)
-    hands it to the stopping process's poll in flight, a receive no handler sees."""
+    A real death, not a cancelled ``run()``: a cancelled call fails and is released,
+    the ordinary retry path; only a death leaves the message to SQS alone."""
     url, dlq = await sqs.create_queue(), await sqs.create_queue()
     await sqs.send(url, ["deadly"])
     command = [sys.executable, str(HERE / "crashloop_consumer.py"), sqs.endpoint]
