@@ -195,6 +195,8 @@ class SqsStreamProducer(SharedStreamProducer):
         # give_up_after and maxReceiveCount read) that no handler saw, and stays
         # hidden for visibility_timeout. So a release waits for the poll to end
         # (in _held), at most wait_time_seconds; on a busy queue polls return at once.
+        # Tests: test_a_release_while_closing_waits_for_the_receive_in_flight,
+        # test_a_call_failing_during_a_stop_costs_its_message_no_receive_no_handler_saw.
         self._polling = False
         # Releases asked for while polling; still in _outstanding, so the heartbeat
         # keeps them invisible and aclose() finds them. Sent when the poll ends.
