@@ -146,7 +146,8 @@ async def test_a_release_while_closing_waits_for_the_receive_in_flight(
     advances release a failed message, then the producer closes. SQS answers the
     poll in flight with a message made visible meanwhile, even though the client
     hung up: one receive counted that no handler sees. On a FIFO queue, as soon as
-    the released message is the last of its group in flight."""
+    the released message is the last of its group in flight (ElasticMQ and SQS; moto's
+    poll never hands out a group that was in flight when the poll began)."""
     url = await sqs.create_queue(fifo=fifo)
     await sqs.send(url, ["fails"], group="g" if fifo else None)
     source = producer(sqs, url, wait_time_seconds=2, visibility_timeout=300)
