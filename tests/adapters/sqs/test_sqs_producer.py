@@ -171,42 +171,63 @@ async def test_a_release_while_closing_waits_for_the_receive_in_flight(
     assert back["Attributes"]["ApproximateReceiveCount"] == "2"
 
 
+class GatedClient:
+    """A receive that answers (nothing) once ``answer`` is set; records the calls."""
+
+    def __init__(self) -> None:
+        self.receiving = asyncio.Event()
+        self.answer = asyncio.Event()
+        self.calls: list[str] = []
+
+    async def receive_message(self, **request: Any) -> Any:
+        self.calls.append("receive")
+        self.receiving.set()
+        await self.answer.wait()
+        self.calls.append("answered")
+        return {}
+
+    async def change_message_visibility_batch(
+        self, QueueUrl: str, Entries: list[dict[str, Any]]
+    ) -> Any:
+        assert all(entry["VisibilityTimeout"] == 0 for entry in Entries)
+        self.calls.extend(f"release {entry['ReceiptHandle']}" for entry in Entries)
+        return {"Successful": [{"Id": entry["Id"]} for entry in Entries]}
+
+
+def gated(wait_time_seconds: int) -> tuple[SqsStreamProducer, GatedClient, Any]:
+    """A producer with one message received and a receive sent (not answered)."""
+    source = SqsStreamProducer("http://127.0.0.1:1/123/q", wait_time_seconds=wait_time_seconds)
+    client = GatedClient()
+    source._client = client
+    [held] = fake_payloads(1)
+    source._outstanding[held.handle] = held
+    source._receiving = asyncio.ensure_future(source._receive())
+    return source, client, held
+
+
+async def test_a_release_is_sent_once_the_receive_in_flight_has_returned() -> None:
+    source, client, held = gated(wait_time_seconds=20)
+    async with asyncio.timeout(10):
+        await client.receiving.wait()
+        await source.advance([AdvanceItem(held, FAILED)])
+        assert client.calls == ["receive"]  # held while SQS may still answer the poll
+        client.answer.set()
+        await source._receiving
+    assert client.calls == ["receive", "answered", "release rh-0"]
+
+
 async def test_aclose_abandons_a_receive_that_never_answers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Closing waits for the receive in flight only until SQS must have answered
     it: then the held messages are released anyway and the client closed."""
     monkeypatch.setattr("ackgate_sqs._producer._RECEIVE_GRACE", 0.1)
-    source = SqsStreamProducer("http://127.0.0.1:1/123/q", wait_time_seconds=0)
-    client = HangingClient()
-    source._client = client
-    [held] = fake_payloads(1)
-    source._outstanding[held.handle] = held
-    source._receiving = asyncio.ensure_future(source._receive())
+    source, client, _ = gated(wait_time_seconds=0)
     async with asyncio.timeout(10):
         await client.receiving.wait()
         await source.aclose()
-    assert source._receiving.cancelled()
-    assert client.released == [[held.handle]]
-
-
-class HangingClient:
-    """A receive that never answers; records the releases."""
-
-    def __init__(self) -> None:
-        self.receiving = asyncio.Event()
-        self.released: list[list[str]] = []
-
-    async def receive_message(self, **request: Any) -> Any:
-        self.receiving.set()
-        await asyncio.Event().wait()
-
-    async def change_message_visibility_batch(
-        self, QueueUrl: str, Entries: list[dict[str, Any]]
-    ) -> Any:
-        assert all(entry["VisibilityTimeout"] == 0 for entry in Entries)
-        self.released.append([entry["ReceiptHandle"] for entry in Entries])
-        return {"Successful": [{"Id": entry["Id"]} for entry in Entries]}
+    assert source._receiving is not None and source._receiving.cancelled()
+    assert client.calls == ["receive", "release rh-0"]
 
 
 async def test_stale_receipt_is_logged_not_raised(
