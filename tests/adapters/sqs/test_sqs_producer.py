@@ -220,7 +220,7 @@ async def test_aclose_abandons_a_receive_that_never_answers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Closing waits for the receive in flight only until SQS must have answered
-    it: then the held messages are released anyway and the client closed."""
+    it (its wait, plus a grace): then it abandons it and releases what it holds."""
     monkeypatch.setattr("ackgate_sqs._producer._RECEIVE_GRACE", 0.1)
     source, client, _ = gated(wait_time_seconds=0)
     async with asyncio.timeout(10):
