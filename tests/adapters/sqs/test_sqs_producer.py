@@ -178,6 +178,7 @@ class GatedClient:
         self.receiving = asyncio.Event()
         self.answer = asyncio.Event()
         self.calls: list[str] = []
+        self.released_at = 0.0  # loop time of the last release
 
     async def receive_message(self, **request: Any) -> Any:
         self.calls.append("receive")
@@ -191,6 +192,7 @@ class GatedClient:
     ) -> Any:
         assert all(entry["VisibilityTimeout"] == 0 for entry in Entries)
         self.calls.extend(f"release {entry['ReceiptHandle']}" for entry in Entries)
+        self.released_at = asyncio.get_running_loop().time()
         return {"Successful": [{"Id": entry["Id"]} for entry in Entries]}
 
 
@@ -228,6 +230,25 @@ async def test_aclose_abandons_a_receive_that_never_answers(
         await source.aclose()
     assert source._receiving is not None and source._receiving.cancelled()
     assert client.calls == ["receive", "release rh-0"]
+
+
+async def test_a_receive_cancelled_by_someone_else_is_waited_out_before_releasing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The event loop torn down cancels every task, the receive in flight too: the
+    client hangs up, but SQS keeps its poll open until its wait runs out."""
+    monkeypatch.setattr("ackgate_sqs._producer._RECEIVE_GRACE", 0.1)
+    source, client, held = gated(wait_time_seconds=1)
+    async with asyncio.timeout(10):
+        await client.receiving.wait()
+        assert source._receiving is not None
+        source._receiving.cancel()
+        await asyncio.gather(source._receiving, return_exceptions=True)
+        await source.advance([AdvanceItem(held, FAILED)])
+        assert client.calls == ["receive"]
+        await source.aclose()
+    assert client.calls == ["receive", "release rh-0"]
+    assert client.released_at >= source._receive_ends  # SQS's poll was over
 
 
 async def test_stale_receipt_is_logged_not_raised(

@@ -294,6 +294,9 @@ class SqsStreamProducer(SharedStreamProducer):
         ``wait_time_seconds`` after it was sent at the latest; one still
         unanswered 5 s later is abandoned (its poll on the server is over by then).
 
+        A receive cancelled by someone else (the event loop torn down) is waited
+        out the same way: SQS keeps its poll open after the client hung up.
+
         Cancellation abandons the wait and releases nothing more: the held
         messages come back once their visibility lapses, with no receive counted
         that no handler saw. The client is closed regardless.
@@ -302,11 +305,17 @@ class SqsStreamProducer(SharedStreamProducer):
         loop = asyncio.get_running_loop()
         try:
             receiving = self._receiving
-            if receiving is not None and not receiving.done():
-                timeout = self._receive_ends + _RECEIVE_GRACE - loop.time()
-                await asyncio.wait([receiving], timeout=max(0.0, timeout))
-                receiving.cancel()  # no-op if it returned; else abandoned, see above
-                await asyncio.wait([receiving])
+            if receiving is not None:
+                over = self._receive_ends + _RECEIVE_GRACE  # SQS's poll is over by then
+                if not receiving.done():
+                    await asyncio.wait([receiving], timeout=max(0.0, over - loop.time()))
+                    receiving.cancel()  # no-op if it returned; else abandoned, see above
+                    await asyncio.wait([receiving])
+                elif self._polling:
+                    # Cancelled by someone else (the loop torn down, every task
+                    # cancelled at once): the client hung up, SQS's poll is still open.
+                    await asyncio.sleep(max(0.0, over - loop.time()))
+                self._polling = False
             if self._heartbeat is not None:
                 self._heartbeat.cancel()
                 await asyncio.wait([self._heartbeat])
@@ -347,8 +356,9 @@ class SqsStreamProducer(SharedStreamProducer):
                 MessageAttributeNames=["All"],
             )
         except asyncio.CancelledError:
-            self._polling = False
-            raise  # abandoned by aclose(), which releases what is held
+            # _polling stays set: SQS keeps the poll open whoever hung up, so
+            # releases stay held; aclose() waits the poll out, then releases them.
+            raise
         except Exception:
             self._polling = False
             await self._release_held()
