@@ -187,15 +187,15 @@ class SqsStreamProducer(SharedStreamProducer):
         self._receiving: asyncio.Task[list[tuple[dict[str, Any], Receipt]]] | None = None
         # Loop time by which SQS answers the receive in flight (its long poll's end).
         self._receive_ends = 0.0
-        # True while a ReceiveMessage is in flight; turned on only under
-        # _visibility_lock. Invariant: no release is in flight meanwhile. SQS
-        # answers a long poll with any message made visible while it waits, even
-        # once the client has hung up: if that poll returns into a stopping
-        # stream, the message got a receive (ApproximateReceiveCount, which
-        # give_up_after and maxReceiveCount read) that no handler saw, and stays
-        # hidden for visibility_timeout. So a release waits for the poll to end
-        # (in _held), at most wait_time_seconds; on a busy queue polls return at once.
-        # Tests: test_a_release_while_closing_waits_for_the_receive_in_flight,
+        # True while SQS may hold a ReceiveMessage of ours open (sent, or cancelled
+        # by someone else, until aclose() waits it out); set only under
+        # _visibility_lock. Invariant: no release is in flight meanwhile. SQS answers
+        # a long poll with any message made visible while it waits, even after the
+        # client hung up: at a stop, a receive counted (ApproximateReceiveCount, read
+        # by give_up_after and maxReceiveCount) that no handler saw. So a release
+        # waits in _held for the poll to end, at most wait_time_seconds (on a busy
+        # queue polls return at once). Tests: test_sqs_producer.py's
+        # test_a_release_*, test_a_receive_cancelled_by_someone_else_*; and
         # test_a_call_failing_during_a_stop_costs_its_message_no_receive_no_handler_saw.
         self._polling = False
         # Releases asked for while polling; still in _outstanding, so the heartbeat
