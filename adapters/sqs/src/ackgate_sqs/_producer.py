@@ -188,7 +188,7 @@ class SqsStreamProducer(SharedStreamProducer):
         # Loop time by which SQS answers the receive in flight (its long poll's end).
         self._receive_ends = 0.0
         # True while SQS may hold a ReceiveMessage of ours open (sent, or cancelled
-        # by someone else, until aclose() waits it out); set only under
+        # by someone else, until aclose() waits it out); turned on only under
         # _visibility_lock. Invariant: no release is in flight meanwhile. SQS answers
         # a long poll with any message made visible while it waits, even after the
         # client hung up: at a stop, a receive counted (ApproximateReceiveCount, read
