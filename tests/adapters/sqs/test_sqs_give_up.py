@@ -74,6 +74,49 @@ async def test_a_message_that_always_fails_is_dead_lettered_after_give_up_after_
     assert await sqs.drain(url, wait=1) == []
 
 
+async def test_a_call_failing_during_a_stop_costs_its_message_no_receive_no_handler_saw(
+    sqs: SqsAdmin,
+) -> None:
+    """The group polls until its handlers have left, so the failed message is
+    released with a long poll in flight. SQS answers that poll with it even though
+    the stopping process never hands it to a handler: one receive more, and a
+    give_up_after of 3 would give up after 2 calls."""
+    url = await sqs.create_queue()
+    await sqs.send(url, ["fails"])
+    service = Service(
+        "sqs",
+        producer=lambda: SqsStreamProducer(
+            url,
+            region_name=REGION,
+            endpoint_url=sqs.endpoint,
+            wait_time_seconds=3,  # the poll in flight outlasts the stop's release
+            visibility_timeout=300,
+        ),
+    )
+    attempts: list[int | None] = []
+    called, fail = asyncio.Event(), asyncio.Event()
+
+    @service.handler("failing")
+    async def failing(message: Message) -> None:
+        attempts.append(message.attempt)
+        called.set()
+        await fail.wait()
+        raise ValueError("failed while the service stops")
+
+    async with asyncio.timeout(60):
+        running = asyncio.create_task(service.run())
+        await called.wait()
+        stopping = asyncio.create_task(service.stop())
+        await asyncio.sleep(0)  # one pass of the loop: stop() asks for the stop at once
+        fail.set()
+        await stopping
+        await running
+        [back] = await sqs.drain(url, wait=1)  # released by the stop: no 300 s wait
+    assert attempts == [1]
+    # That call's receive and this one; a receive for no handler would make it 3.
+    assert back["Attributes"]["ApproximateReceiveCount"] == "2"
+
+
 async def test_a_message_that_stops_the_process_is_given_up_past_give_up_after(
     sqs: SqsAdmin, tmp_path: Path
 ) -> None:
@@ -82,9 +125,8 @@ async def test_a_message_that_stops_the_process_is_given_up_past_give_up_after(
     SQS counts the receives across processes, so the third process gives up on it
     without a call.
 
-    A real death, not a cancelled ``run()``: a cancelled call is released at once, and
-    a broker whose long poll answers as soon as a message is visible (ElasticMQ, SQS)
-    hands it to the stopping process's poll in flight, a receive no handler sees."""
+    A real death, not a cancelled ``run()``: a cancelled call fails and is released,
+    the ordinary retry path; only a death leaves the message to SQS alone."""
     url, dlq = await sqs.create_queue(), await sqs.create_queue()
     await sqs.send(url, ["deadly"])
     command = [sys.executable, str(HERE / "crashloop_consumer.py"), sqs.endpoint]

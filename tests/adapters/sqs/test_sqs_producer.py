@@ -125,6 +125,132 @@ async def test_aclose_releases_what_was_never_advanced(sqs: SqsAdmin) -> None:
     assert len(back) == 4  # one acked; the other four come back without the 300 s wait
 
 
+def spy_on_receives(source: SqsStreamProducer) -> asyncio.Event:
+    """An event set when the producer sends its next ``ReceiveMessage``."""
+    sent = asyncio.Event()
+    receive = source._client.receive_message
+
+    async def spied(**request: Any) -> Any:
+        sent.set()
+        return await receive(**request)
+
+    source._client.receive_message = spied
+    return sent
+
+
+@pytest.mark.parametrize("fifo", [False, True], ids=["standard", "fifo"])
+async def test_a_release_while_closing_waits_for_the_receive_in_flight(
+    sqs: SqsAdmin, fifo: bool
+) -> None:
+    """A group's stop: its poll is cancelled with a long poll in flight, its final
+    advances release a failed message, then the producer closes. SQS answers the
+    poll in flight with a message made visible meanwhile, even though the client
+    hung up: one receive counted that no handler sees. On a FIFO queue, as soon as
+    the released message is the last of its group in flight (ElasticMQ and SQS; moto's
+    poll never hands out a group that was in flight when the poll began)."""
+    url = await sqs.create_queue(fifo=fifo)
+    await sqs.send(url, ["fails"], group="g" if fifo else None)
+    source = producer(sqs, url, wait_time_seconds=2, visibility_timeout=300)
+    stream = source.open_stream()
+    try:
+        [(raw, payload)] = await take(stream, 1)
+        polling = spy_on_receives(source)
+        following = asyncio.ensure_future(anext(stream))
+        await polling.wait()
+        following.cancel()  # the stop cancels the group's poll first
+        await asyncio.gather(following, return_exceptions=True)
+        await stream.aclose()
+        await source.advance([AdvanceItem(payload, FAILED)])  # the final advances
+    finally:
+        await stream.aclose()
+        await source.aclose()
+    async with asyncio.timeout(10):
+        [back] = await sqs.drain(url, wait=1)  # released: back before the 300 s
+    assert raw["Attributes"]["ApproximateReceiveCount"] == "1"
+    # The handlers' receive and this one; a receive for no handler would make it 3.
+    assert back["Attributes"]["ApproximateReceiveCount"] == "2"
+
+
+class GatedClient:
+    """A receive that answers (nothing) once ``answer`` is set; records the calls."""
+
+    def __init__(self) -> None:
+        self.receiving = asyncio.Event()
+        self.answer = asyncio.Event()
+        self.calls: list[str] = []
+        self.released_at = 0.0  # loop time of the last release
+
+    async def receive_message(self, **request: Any) -> Any:
+        self.calls.append("receive")
+        self.receiving.set()
+        await self.answer.wait()
+        self.calls.append("answered")
+        return {}
+
+    async def change_message_visibility_batch(
+        self, QueueUrl: str, Entries: list[dict[str, Any]]
+    ) -> Any:
+        assert all(entry["VisibilityTimeout"] == 0 for entry in Entries)
+        self.calls.extend(f"release {entry['ReceiptHandle']}" for entry in Entries)
+        self.released_at = asyncio.get_running_loop().time()
+        return {"Successful": [{"Id": entry["Id"]} for entry in Entries]}
+
+
+def gated(wait_time_seconds: int) -> tuple[SqsStreamProducer, GatedClient, Any]:
+    """A producer with one message received and a receive sent (not answered)."""
+    source = SqsStreamProducer("http://127.0.0.1:1/123/q", wait_time_seconds=wait_time_seconds)
+    client = GatedClient()
+    source._client = client
+    [held] = fake_payloads(1)
+    source._outstanding[held.handle] = held
+    source._receiving = asyncio.ensure_future(source._receive())
+    return source, client, held
+
+
+async def test_a_release_is_sent_once_the_receive_in_flight_has_returned() -> None:
+    source, client, held = gated(wait_time_seconds=20)
+    async with asyncio.timeout(10):
+        await client.receiving.wait()
+        await source.advance([AdvanceItem(held, FAILED)])
+        assert client.calls == ["receive"]  # held while SQS may still answer the poll
+        client.answer.set()
+        await source._receiving
+    assert client.calls == ["receive", "answered", "release rh-0"]
+
+
+async def test_aclose_abandons_a_receive_that_never_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Closing waits for the receive in flight only until SQS must have answered
+    it (its wait, plus a grace): then it abandons it and releases what it holds."""
+    monkeypatch.setattr("ackgate_sqs._producer._RECEIVE_GRACE", 0.1)
+    source, client, _ = gated(wait_time_seconds=0)
+    async with asyncio.timeout(10):
+        await client.receiving.wait()
+        await source.aclose()
+    assert source._receiving is not None and source._receiving.cancelled()
+    assert client.calls == ["receive", "release rh-0"]
+
+
+async def test_a_receive_cancelled_by_someone_else_is_waited_out_before_releasing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The event loop torn down cancels every task, the receive in flight too: the
+    client hangs up, but SQS keeps its poll open until its wait runs out."""
+    monkeypatch.setattr("ackgate_sqs._producer._RECEIVE_GRACE", 0.1)
+    source, client, held = gated(wait_time_seconds=1)
+    async with asyncio.timeout(10):
+        await client.receiving.wait()
+        assert source._receiving is not None
+        source._receiving.cancel()
+        await asyncio.gather(source._receiving, return_exceptions=True)
+        await source.advance([AdvanceItem(held, FAILED)])
+        assert client.calls == ["receive"]
+        await source.aclose()
+    assert client.calls == ["receive", "release rh-0"]
+    assert client.released_at >= source._receive_ends  # SQS's poll was over
+
+
 async def test_stale_receipt_is_logged_not_raised(
     sqs: SqsAdmin, caplog: pytest.LogCaptureFixture
 ) -> None:

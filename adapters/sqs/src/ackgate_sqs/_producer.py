@@ -8,7 +8,8 @@ What each outcome does to the broker (:meth:`SqsStreamProducer.advance`):
 
 * clean (acked by everyone, nobody failed or rejected) → ``DeleteMessageBatch``;
 * any subscriber failed, or nobody was subscribed → visibility 0, so SQS
-  redelivers it at once;
+  redelivers it at once (once this producer's long poll in flight, if any, has
+  returned: see :class:`SqsStreamProducer`);
 * rejected (and nobody failed) → with ``dlq_queue_url``: sent to that queue
   (original body and message attributes plus ``ackgate.reason``: "rejected by R of N
   subscribers", then each reason given (SPEC §8, ``"<subscriber_id>: <reason>"``),
@@ -95,6 +96,11 @@ logger = logging.getLogger("ackgate.adapters.sqs")
 #: failed retry up to the maximum.
 _RETRY_BACKOFF = 1.0
 _MAX_RETRY_BACKOFF = 30.0
+#: Seconds past its ``WaitTimeSeconds`` that closing still waits for a receive in
+#: flight. SQS answers a long poll when its wait runs out, so a receive still
+#: unanswered this long after that is stuck on the network, and its poll on the
+#: server is over: releasing can no longer feed it.
+_RECEIVE_GRACE = 5.0
 
 
 def _unreachable(error: BaseException) -> bool:
@@ -122,11 +128,16 @@ class SqsStreamProducer(SharedStreamProducer):
     the usual botocore ways; ``client_options`` go to ``create_client`` (e.g.
     ``config=botocore.config.Config(...)``).
 
-    Closing (:meth:`aclose`) stops the heartbeat, lets a long poll already sent
-    finish (SQS keeps it open server-side even if the client hangs up, hiding
-    what it picks up for ``visibility_timeout``), makes every message that was
-    received but not advanced visible again so it is redelivered at once, then
-    closes the client. Closing therefore takes up to ``wait_time_seconds``.
+    No message is made visible while a long poll of this producer is in flight:
+    a release waits for it to return (at once on a busy queue, at most
+    ``wait_time_seconds`` on an idle one). SQS keeps a poll open server-side
+    even after the client hung up and answers it with a message made visible
+    meanwhile; at a stop that is a receive counted (``Message.attempt``,
+    ``give_up_after``, a redrive policy's ``maxReceiveCount``) that no handler
+    sees. Closing (:meth:`aclose`) sends no more receives, waits for the one in
+    flight, makes every message received but not advanced (what that last poll
+    returned included) visible again so it is redelivered at once, then closes
+    the client. Closing therefore takes up to ``wait_time_seconds``.
     """
 
     def __init__(
@@ -174,6 +185,24 @@ class SqsStreamProducer(SharedStreamProducer):
         self._releases = Coalescer(self._release)
         self._heartbeat: asyncio.Task[None] | None = None
         self._receiving: asyncio.Task[list[tuple[dict[str, Any], Receipt]]] | None = None
+        # Loop time by which SQS answers the receive in flight (its long poll's end).
+        self._receive_ends = 0.0
+        # True while SQS may hold a ReceiveMessage of ours open (sent, or cancelled
+        # by someone else, until aclose() waits it out); turned on only under
+        # _visibility_lock. Invariant: no release is in flight meanwhile. SQS answers
+        # a long poll with any message made visible while it waits, even after the
+        # client hung up: at a stop, a receive counted (ApproximateReceiveCount, read
+        # by give_up_after and maxReceiveCount) that no handler saw. So a release
+        # waits in _held for the poll to end, at most wait_time_seconds (on a busy
+        # queue polls return at once). Tests: test_sqs_producer.py's
+        # test_a_release_*, test_a_receive_cancelled_by_someone_else_*; and
+        # test_a_call_failing_during_a_stop_costs_its_message_no_receive_no_handler_saw.
+        self._polling = False
+        # Releases asked for while polling; still in _outstanding, so the heartbeat
+        # keeps them invisible and aclose() finds them. Sent when the poll ends.
+        self._held: list[Receipt] = []
+        # Set by aclose(). Invariant: once set, no receive is sent.
+        self._closing = False
 
     async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
         """Long-poll the queue forever, yielding ``(message, receipt)``.
@@ -189,7 +218,7 @@ class SqsStreamProducer(SharedStreamProducer):
         await self._connect()
         self._heartbeat = asyncio.create_task(self._keep_invisible(), name="ackgate-sqs-heartbeat")
         backoff = _RETRY_BACKOFF
-        while True:
+        while not self._closing:
             self._receiving = asyncio.create_task(self._receive(), name="ackgate-sqs-receive")
             try:
                 received = await asyncio.shield(self._receiving)
@@ -254,19 +283,45 @@ class SqsStreamProducer(SharedStreamProducer):
         await self._releases.submit(release)
 
     async def aclose(self) -> None:
-        """Stop the heartbeat, release what was never advanced, close the client.
+        """Send no more receives, wait for the one in flight, then release every
+        message received and not advanced (what that last poll returned
+        included), and close the client.
 
-        Cancellation abandons the wait for a pending long poll; the client is
-        closed regardless.
+        Nothing is made visible while the poll is in flight: SQS would answer it
+        with the message, a receive counted for no handler (see ``_polling``).
+        The heartbeat keeps going until then, since a lapsed visibility would feed
+        the poll the same way. The wait is bounded: SQS answers a poll
+        ``wait_time_seconds`` after it was sent at the latest; one still
+        unanswered 5 s later is abandoned (its poll on the server is over by then).
+
+        A receive cancelled by someone else (the event loop torn down) is waited
+        out the same way: SQS keeps its poll open after the client hung up.
+
+        Cancellation abandons the wait and releases nothing more: the held
+        messages come back once their visibility lapses, with no receive counted
+        that no handler saw. The client is closed regardless.
         """
+        self._closing = True
+        loop = asyncio.get_running_loop()
         try:
+            receiving = self._receiving
+            if receiving is not None:
+                over = self._receive_ends + _RECEIVE_GRACE  # SQS's poll is over by then
+                if not receiving.done():
+                    await asyncio.wait([receiving], timeout=max(0.0, over - loop.time()))
+                    receiving.cancel()  # no-op if it returned; else abandoned, see above
+                    await asyncio.wait([receiving])
+                elif self._polling:
+                    # Cancelled by someone else (the loop torn down, every task
+                    # cancelled at once): the client hung up, SQS's poll is still open.
+                    await asyncio.sleep(max(0.0, over - loop.time()))
+                self._polling = False
             if self._heartbeat is not None:
                 self._heartbeat.cancel()
                 await asyncio.wait([self._heartbeat])
-            if self._receiving is not None:
-                await asyncio.wait([self._receiving])
-            abandoned = list(self._outstanding.values())
+            abandoned = list(self._outstanding.values())  # the held releases too
             self._outstanding.clear()
+            self._held.clear()
             if abandoned and self._client is not None:
                 await self._release(abandoned)
         finally:
@@ -286,15 +341,29 @@ class SqsStreamProducer(SharedStreamProducer):
         )
 
     async def _receive(self) -> list[tuple[dict[str, Any], Receipt]]:
+        """One long poll; then the releases held while it was in flight."""
+        async with self._visibility_lock:  # waits for a release in flight
+            self._polling = True
         sent_at = asyncio.get_running_loop().time()
-        response = await self._client.receive_message(
-            QueueUrl=self._queue_url,
-            MaxNumberOfMessages=self._max_messages,
-            WaitTimeSeconds=self._wait,
-            VisibilityTimeout=self._visibility,
-            MessageSystemAttributeNames=["All"],
-            MessageAttributeNames=["All"],
-        )
+        self._receive_ends = sent_at + self._wait
+        try:
+            response = await self._client.receive_message(
+                QueueUrl=self._queue_url,
+                MaxNumberOfMessages=self._max_messages,
+                WaitTimeSeconds=self._wait,
+                VisibilityTimeout=self._visibility,
+                MessageSystemAttributeNames=["All"],
+                MessageAttributeNames=["All"],
+            )
+        except asyncio.CancelledError:
+            # _polling stays set: SQS keeps the poll open whoever hung up, so
+            # releases stay held; aclose() waits the poll out, then releases them.
+            raise
+        except Exception:
+            self._polling = False
+            await self._release_held()
+            raise
+        self._polling = False
         received = []
         for message in response.get("Messages", ()):
             lane = message["Attributes"]["MessageGroupId"] if self._fifo else message["MessageId"]
@@ -303,6 +372,7 @@ class SqsStreamProducer(SharedStreamProducer):
             # finds the message and releases it.
             self._outstanding[receipt.handle] = receipt
             received.append((message, receipt))
+        await self._release_held()
         return received
 
     async def _keep_invisible(self) -> None:
@@ -368,10 +438,21 @@ class SqsStreamProducer(SharedStreamProducer):
                     failed_ids(failures),
                 )
 
+    async def _release_held(self) -> None:
+        held, self._held = self._held, []
+        for receipt in held:
+            # Out before the release: the heartbeat must not extend it afterwards.
+            self._outstanding.pop(receipt.handle, None)
+        await self._release(held)
+
     async def _release(self, receipts: Sequence[Receipt]) -> None:
         for chunk in chunks(receipts):
             try:
                 async with self._visibility_lock:
+                    if self._polling:  # see _polling: sent once the poll has ended
+                        self._held.extend(chunk)
+                        self._outstanding.update((r.handle, r) for r in chunk)
+                        continue
                     failures = await submit(
                         self._client.change_message_visibility_batch,
                         self._queue_url,
