@@ -20,16 +20,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
+from ackgate._log import Resolution, Run
+
 if TYPE_CHECKING:
-    from ackgate._group import Resolution
-    from ackgate._log import Run
     from ackgate._subscription import Subscription
 
 _SWEEP_MINIMUM = 1024
 
 #: One event as a binding target: the run itself for a run of one event (an event
 #: yielded alone), else ``(run, index)``.
-EventRef: TypeAlias = "Run | tuple[Run, int]"
+EventRef: TypeAlias = Run | tuple[Run, int]
 
 
 class BoundBatch(NamedTuple):

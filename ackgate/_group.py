@@ -30,11 +30,11 @@ from ackgate._errors import (
     StreamTerminated,
     SubscriberOverflow,
 )
-from ackgate._log import EventLog, Run
+from ackgate._log import EventLog, Lane, Resolution, Run
 from ackgate._outcome import EventBatch
 from ackgate._producer import SharedStreamProducer
 from ackgate._redelivery import RedeliveryMemory
-from ackgate._tracker import Lane, LaneTracker
+from ackgate._tracker import LaneTracker
 from ackgate._upstream import Upstream
 
 if TYPE_CHECKING:
@@ -47,9 +47,6 @@ _CLEAN_LEAVE_GRACE = 1.0
 
 #: How many event ids a group remembers to skip redelivered copies (SPEC §13).
 _REMEMBERED_EVENT_IDS = 65_536
-
-#: How a subscriber resolves an event other than by acking it (``Group.mark``).
-Resolution = Literal["failed", "rejected"]
 
 
 @dataclass(frozen=True, slots=True)

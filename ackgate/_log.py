@@ -19,11 +19,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from ackgate._redelivery import Remembered
-    from ackgate._tracker import Lane
+
+#: How a subscriber resolves an event other than by acking it.
+Resolution = Literal["failed", "rejected"]
 
 
 class Run:
@@ -111,6 +113,20 @@ class Run:
 
     def lane_key(self) -> Hashable:
         return None if self.lane is None else self.lane.key
+
+
+class Lane:
+    """One lane's runs not advanced yet, in fan-out order (``ackgate._tracker``
+    advances them from the front): the one in flight, and whether the lane is on
+    the tracker's ready queue."""
+
+    __slots__ = ("in_flight", "key", "queued", "runs")
+
+    def __init__(self, key: Hashable) -> None:
+        self.key = key
+        self.runs: deque[Run] = deque()
+        self.in_flight: list[Run] | None = None
+        self.queued = False
 
 
 class EventLog:

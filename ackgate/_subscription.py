@@ -29,11 +29,11 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ackgate._bindings import BatchBinding, BoundBatch, EventRef
-from ackgate._log import Run
+from ackgate._log import Resolution, Run
 from ackgate._redelivery import _Spanned
 
 if TYPE_CHECKING:
-    from ackgate._group import Group, Resolution
+    from ackgate._group import Group
 
 logger = logging.getLogger("ackgate.subscription")
 

@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from ackgate._log import Run
+from ackgate._log import Lane, Run
 from ackgate._outcome import AdvanceItem, AdvanceOutcome, AdvanceRun
 from ackgate._producer import SharedStreamProducer
 
@@ -61,16 +61,6 @@ _new_item = tuple.__new__
 def _texts(reasons: list[tuple[int, str]]) -> tuple[str, ...]:
     """Reject reasons in subscription order."""
     return tuple(text for _, text in sorted(reasons))
-
-
-class Lane:
-    __slots__ = ("in_flight", "key", "queued", "runs")
-
-    def __init__(self, key: Hashable) -> None:
-        self.key = key
-        self.runs: deque[Run] = deque()
-        self.in_flight: list[Run] | None = None
-        self.queued = False
 
 
 class LaneTracker:
