@@ -18,12 +18,9 @@ are swept at once, so the registry never keeps a stopped group alive.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
+from typing import Any, NamedTuple, Protocol, TypeAlias
 
 from ackgate._log import Resolution, Run
-
-if TYPE_CHECKING:
-    from ackgate._subscription import Subscription
 
 _SWEEP_MINIMUM = 1024
 
@@ -104,17 +101,35 @@ class BatchBinding:
         return False
 
 
+class OutputOwner(Protocol):
+    """The side of a subscription (``ackgate._subscription``) that its numbers
+    reach: what it still owes per event and per batch, and how it resolves them."""
+
+    _outputs: dict[EventRef, int]
+    _batches: dict[BatchBinding, None]
+
+    def _output_confirmed(self, target: EventRef | BatchBinding) -> bool: ...
+
+    def _output_resolved(
+        self, target: EventRef | BatchBinding, how: Resolution, reason: str | None
+    ) -> int | None: ...
+
+    def _batch_part_rejected(
+        self, batch: BatchBinding, indexes: list[object], reason: str | None
+    ) -> bool | None: ...
+
+
 class OutputRegistry:
     """Sequence numbers of one manager. Numbers are unique per manager and start at 1."""
 
     __slots__ = ("_by_seq", "_next_seq", "_stale")
 
     def __init__(self) -> None:
-        self._by_seq: dict[int, tuple[Subscription, EventRef | BatchBinding]] = {}
+        self._by_seq: dict[int, tuple[OutputOwner, EventRef | BatchBinding]] = {}
         self._next_seq = 1
         self._stale = 0  # an upper bound of the stale entries in _by_seq
 
-    def bind(self, subscription: Subscription, target: EventRef | BatchBinding) -> int:
+    def bind(self, subscription: OutputOwner, target: EventRef | BatchBinding) -> int:
         seq = self._next_seq
         self._next_seq = seq + 1
         self._by_seq[seq] = (subscription, target)

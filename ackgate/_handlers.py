@@ -12,12 +12,10 @@ import inspect
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from ackgate._retry import Retry
-
-if TYPE_CHECKING:
-    from ackgate._subscription import Subscription
+from ackgate._subscription import Subscription
 
 Ordering = Literal["lane", "key", "none"]
 ORDERINGS: tuple[Ordering, ...] = ("lane", "key", "none")

@@ -19,10 +19,9 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-if TYPE_CHECKING:
-    from ackgate._redelivery import Remembered
+from ackgate._redelivery import Remembered
 
 #: How a subscriber resolves an event other than by acking it.
 Resolution = Literal["failed", "rejected"]

@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from ackgate._bindings import OutputRegistry
 from ackgate._errors import StreamTerminated
-from ackgate._group import Group, GroupConfig
+from ackgate._group import Group
+from ackgate._group_state import GroupConfig
 from ackgate._producer import SharedStreamProducer
 from ackgate._runner import Handler, Sink, drive
 from ackgate._stats import GroupStats

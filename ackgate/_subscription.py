@@ -23,17 +23,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Hashable
+from collections import deque
+from collections.abc import Callable, Hashable
 from contextvars import ContextVar
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from ackgate._bindings import BatchBinding, BoundBatch, EventRef
-from ackgate._log import Resolution, Run
+from ackgate._bindings import BatchBinding, BoundBatch, EventRef, OutputRegistry
+from ackgate._errors import StreamTerminated
+from ackgate._log import EventLog, Resolution, Run
 from ackgate._redelivery import _Spanned
-
-if TYPE_CHECKING:
-    from ackgate._group import Group
 
 logger = logging.getLogger("ackgate.subscription")
 
@@ -65,6 +64,48 @@ def _check_reason(reason: object) -> None:
         raise TypeError(f"reason must be a str or None, got {type(reason).__name__}")
 
 
+class GroupSide(Protocol):
+    """The group (``ackgate._group.Group``) as its subscriptions see it: the state
+    every subscriber shares, and how a subscriber's resolutions reach it."""
+
+    key: Hashable
+    ack_mode: bool
+    bindings: OutputRegistry
+    log: EventLog
+    #: Runs broadcast and not resolved yet, oldest first (the ack timeout's order).
+    unresolved: deque[Run]
+    waiters: set[asyncio.Future[None]]
+    clock: Callable[[], float]
+    ack_timeout: float
+    blocked: bool
+    room: asyncio.Event
+    terminal: tuple[type[StreamTerminated], str, BaseException | None] | None
+    departed: set[Subscription]
+    redeliveries_skipped_by: dict[Hashable, int]
+    #: The group's stop, once it began (``leave`` returns it to the last member).
+    stop_task: asyncio.Task[None] | None
+
+    def terminal_error(self) -> StreamTerminated: ...
+
+    def expire(self) -> None: ...
+
+    def leave(self, sub: Subscription, *, crashed: bool) -> asyncio.Task[None] | None: ...
+
+    def release(self, sub: Subscription, run: Run, holds: int = 1) -> None: ...
+
+    def part_done(self, sub: Subscription, run: Run, marked: int) -> None: ...
+
+    def mark(
+        self, sub: Subscription, run: Run, index: int, how: Resolution, reason: str | None
+    ) -> None: ...
+
+    def resolve_binding(
+        self, sub: Subscription, binding: BatchBinding, how: Resolution, reason: str | None
+    ) -> None: ...
+
+    def skip_at_hand_out(self, run: Run, sub: Subscription, flag: int) -> None: ...
+
+
 class Subscription:
     """A subscriber's membership in a group; iterate it to receive raw events.
 
@@ -74,7 +115,7 @@ class Subscription:
     (or :meth:`aclose`) means you are done with it.
     """
 
-    def __init__(self, group: Group, subscriber_id: Hashable, position: int) -> None:
+    def __init__(self, group: GroupSide, subscriber_id: Hashable, position: int) -> None:
         self._group = group
         self._registry = group.bindings
         self.key: Hashable = group.key
@@ -144,7 +185,13 @@ class Subscription:
                 group.expire()
             current = self._current
             if current is not None:
-                self._close_window(current)
+                if current.count == 1 and not self._current_resolved:
+                    # ``_close_window``, inlined for the per-event path's runs of one.
+                    self._current = None
+                    if current not in self._outputs:
+                        group.part_done(self, current, 0)
+                else:
+                    self._close_window(current)
         log = group.log
         while True:
             if self._failure is not None:
@@ -585,7 +632,10 @@ class Subscription:
             else:
                 del outputs[target]
                 if target is not self._current:  # acked once its window is closed too
-                    self._group.part_done(self, target, 0)
+                    if target.memory is None and target.pending > 1:
+                        target.pending -= 1  # ``Group.part_done``, inlined: others owe it
+                    else:
+                        self._group.part_done(self, target, 0)
                     if self._left:
                         self._discard_if_departed()
             return True
