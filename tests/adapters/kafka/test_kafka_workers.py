@@ -101,6 +101,19 @@ class Parent:
             return found()
 
 
+async def until_handled_by_two_workers(
+    path: Path, earlier: set[tuple[int, int]], parent: Parent
+) -> None:
+    """Until records not in ``earlier`` were handled by two worker processes."""
+    async with asyncio.timeout(60):
+        while True:  # another process writes it: poll
+            new = [pids for record, pids in handled(path).items() if record not in earlier]
+            if len(set().union(*new)) >= 2:
+                return
+            assert parent.process.poll() is None, "".join(parent.lines)
+            await asyncio.sleep(0.05)
+
+
 async def until_handled(path: Path, count: int, parent: Parent) -> None:
     async with asyncio.timeout(120):
         while len(handled(path)) < count:  # another process writes it: poll
@@ -132,18 +145,20 @@ async def test_two_workers_restart_a_killed_one_and_stop_gracefully(
             ends = await kafka.wait_committed_to_end(group, topic, PARTITIONS)
         seen = handled(log)
         assert {(tp.partition, o) for tp, end in ends.items() for o in range(end)} <= set(seen)
-        # Both workers had partitions (the consumer group shared them out).
-        assert len({pid for pids_ in seen.values() for pid in pids_}) >= 2
         async with asyncio.timeout(60):
             # Another process answers: nothing to await but its reply, so poll it.
             while (answer := await asyncio.to_thread(readyz, port))[0] != 200:  # noqa: ASYNC110
                 await asyncio.sleep(0.1)
         assert answer[1] == {"status": "ok", "workers": 2}
 
-        # More work, and SIGTERM in the middle of it.
+        # More work, and SIGTERM in the middle of it, once both workers handle some of
+        # it: the consumer group shares the partitions out between the live workers
+        # (one could take them all before the other joined, and finish the first
+        # 3000 alone).
         before = len(seen)
         await kafka.produce(topic, 3000, PARTITIONS)
         await until_handled(log, before + 300, parent)
+        await until_handled_by_two_workers(log, set(seen), parent)
         parent.process.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(parent.process.wait, 60) == 0, "".join(parent.lines)
         assert len(parent.wait_for(r"\[worker \d\].*stopping gracefully", count=2)) == 2
