@@ -77,6 +77,7 @@ class GroupState(ABC):
     _poll_exited: bool
     stop_task: asyncio.Task[None] | None
     _get_event_id: Callable[[Any], Hashable] | None
+    _poll_task: asyncio.Task[None]
 
     @abstractmethod
     def terminate(

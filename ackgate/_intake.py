@@ -111,6 +111,20 @@ class Intake(Timeouts):
             if aclose is not None:
                 await aclose()
 
+    def stop_polling(self) -> None:
+        """Read nothing more from the upstream; the group goes on otherwise.
+
+        Caller: a service's graceful stop, before its handlers' grace period. Events
+        received from now on would never be handed to a handler, and the broker
+        would count a delivery for each (an SQS receive, a Pub/Sub delivery
+        attempt) that no handler saw. What is broadcast already still resolves and
+        is advanced; what the poll had fetched and not broadcast yet is not
+        advanced, so the broker redelivers it. The group ends as before, when its
+        last member leaves. Idempotent.
+        """
+        if not self._poll_exited:
+            self._poll_task.cancel()  # the stream's ``finally`` runs (``_poll``)
+
     async def _until_healthy(self) -> bool:
         """Rostered groups: hold the pulled event until every member is healthy.
 

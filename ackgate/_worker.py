@@ -80,6 +80,7 @@ class HandlerWorker:
         #: The running feed and its calls. Invariant: set only while a session awaits it.
         self._feed: asyncio.Task[NoReturn] | None = None
         self._calls: Calls | None = None
+        self._subscription: Subscription | None = None
 
     def stop(self, deadline: float, timeout: float) -> None:
         """Graceful stop: from now on nothing new is handed to the handler (jobs not
@@ -87,6 +88,9 @@ class HandlerWorker:
         the group's stop ``timeout`` seconds more."""
         self._stop_at = deadline
         self._stop_timeout = timeout
+        if self._subscription is not None:
+            # First: what the group would receive from now on reaches no handler.
+            self._subscription._group.stop_polling()
         if self._calls is not None:
             self._calls.close()
         if self._feed is not None:
@@ -105,6 +109,7 @@ class HandlerWorker:
                 self._key, self.spec.id, producer=self._factory, roster=self._roster
             )
             self._counters.subscribed(subscription)
+            self._subscription = subscription
             calls = self._calls = Calls(
                 self.spec,
                 self._manager,
@@ -138,7 +143,7 @@ class HandlerWorker:
             finally:
                 feed.cancel()
                 watch.cancel()
-                self._feed = self._calls = None
+                self._feed = self._calls = self._subscription = None
                 await calls.abort()
                 await self._leave(subscription)
         return None

@@ -56,6 +56,36 @@ async def test_stop_lets_a_slow_call_finish_and_hands_out_nothing_new() -> None:
     assert service.stats().state == "stopped"
 
 
+async def test_a_stop_reads_nothing_more_from_the_broker() -> None:
+    """The group stops polling when the stop begins, not after the handlers' grace:
+    a message received meanwhile would reach no handler, and the broker would count
+    a delivery for it (an SQS receive, a Pub/Sub delivery attempt) that nobody saw."""
+    scripted = ScriptedProducer()
+    scripted.feed(b"0", 0)
+    service = Service("k", producer=lambda: scripted)
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    @service.handler("h")
+    async def handle(message: Message) -> None:
+        started.set()
+        await release.wait()
+
+    async with asyncio.timeout(10):
+        run = asyncio.create_task(service.run())
+        await started.wait()
+        await scripted.starved.wait()  # the poll waits for the broker's next message
+        stop = asyncio.create_task(service.stop(timeout=30.0))
+        await asyncio.sleep(0)  # the stop begins
+        scripted.feed(b"1", 1)  # the broker has more
+        scripted.feed(b"2", 2)
+        release.set()
+        await stop
+        await run
+    assert outcomes(scripted) == {0: AdvanceOutcome(acked=1, failed=0, rejected=0)}
+    assert scripted.stream_closed == 1 and scripted.closed == 1
+
+
 async def test_a_call_still_running_at_the_deadline_is_cancelled_and_fails() -> None:
     scripted = three_events()
     service = Service("k", producer=lambda: scripted)
