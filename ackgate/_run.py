@@ -14,12 +14,17 @@ service's ``run()`` raised ``SystemExit(n)`` (the others are stopped gracefully
 first). A failure is one line on stderr; its traceback only with ``--log-level DEBUG``.
 
 ``--health-port``, ``--metrics-port`` and ``--workers`` are :mod:`ackgate._operate`'s.
+
+Once the modules are imported, the cyclic garbage collector's first-generation
+threshold goes from CPython's 700 to :data:`GC_THRESHOLD` (see :func:`tune_gc`),
+unless a module set the collector up itself.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import importlib
 import logging
 import os
@@ -44,6 +49,18 @@ from ackgate._service import Service
 logger = logging.getLogger("ackgate.run")
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+#: The cyclic collector's first-generation threshold ``ackgate run`` sets. A consumer
+#: allocates several container objects per message (the client's record, the broker
+#: payload, the ``Message``) and holds them until every handler is done: with
+#: CPython's 700 a young collection runs every few hundred messages and promotes what
+#: is in flight, so the older generations fill and are traversed again and again.
+#: On the Kafka benchmark (four batch handlers) collections took ~29 % of the
+#: process's CPU (268 of 918 ms per 100,000 records) at 700, 80 ms at 10,000.
+GC_THRESHOLD = 10_000
+
+#: CPython's own thresholds (3.11 to 3.13): only these are replaced.
+_CPYTHON_GC_THRESHOLDS = (700, 10, 10)
 
 RUN_DESCRIPTION = """\
 Run one or more ackgate Services (MODULE:ATTR names a Service, or a list of them;
@@ -142,11 +159,33 @@ def run_command(opts: argparse.Namespace) -> int:
     if opts.max_restarts is not None:
         for service in services:
             service._set_restart_limit(opts.max_restarts)
+    tune_gc()  # after the imports: a module's own collector settings win
     try:
         return asyncio.run(serve(services, opts.shutdown_timeout, opts))
     except BadTarget as error:  # e.g. the health port is taken
         print(f"ackgate run: {error}", file=sys.stderr)
         return 2
+
+
+def tune_gc() -> bool:
+    """Raise the cyclic collector's first-generation threshold to :data:`GC_THRESHOLD`
+    if the process still has CPython's defaults; return whether it did.
+
+    Left alone: a collector that is disabled or whose thresholds differ from
+    CPython's 700/10/10 (a module set them, or another interpreter version has other
+    defaults). Only how often cycles are looked for changes, not what is freed:
+    objects without cycles are freed at once as ever, cyclic garbage is found after
+    at most 10,000 new container objects instead of 700.
+    """
+    if not gc.isenabled() or gc.get_threshold() != _CPYTHON_GC_THRESHOLDS:
+        return False
+    gc.set_threshold(GC_THRESHOLD, *_CPYTHON_GC_THRESHOLDS[1:])
+    logger.debug(
+        "garbage collector: first-generation threshold %d (CPython's default: %d)",
+        GC_THRESHOLD,
+        _CPYTHON_GC_THRESHOLDS[0],
+    )
+    return True
 
 
 def _one_line(error: BaseException, *, debug: bool) -> str:
