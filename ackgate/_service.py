@@ -457,8 +457,10 @@ class Service:
     async def stop(self, timeout: float = 30.0) -> None:  # noqa: ASYNC109 - SPEC §12
         """Stop gracefully and wait until ``run()`` returned.
 
-        No new message is handed to a handler; calls in progress get up to
-        ``timeout`` seconds to finish, then are cancelled. What finished is
+        Nothing more is read from the broker (a message received now would reach
+        no handler, yet count a delivery there) and no new message is handed to a
+        handler; calls in progress get up to ``timeout`` seconds to finish, then
+        are cancelled. What finished is
         advanced, the rest is left to broker redelivery, the producer is closed.
         Then the group's stop (its final advances, closing the producer) gets
         ``timeout`` seconds again, at least one: an advance still in flight after
