@@ -52,6 +52,17 @@ _MAX_SUBSCRIBER_IDS = 1024
 _first = attrgetter("first")
 
 
+def _split(event_id: Hashable) -> tuple[tuple[Hashable, ...], int] | None:
+    """``(prefix, offset)`` if ``event_id`` is a tuple ``(*prefix, offset)`` with an
+    int last item: an id that may also come as one of an :class:`IdRange`."""
+    if type(event_id) is not tuple or len(event_id) < 2:
+        return None
+    offset = event_id[-1]
+    if type(offset) is not int:
+        return None
+    return event_id[:-1], offset
+
+
 class Remembered:
     """What a run knows of its ids: whether any was broadcast before, who acked
     every one of them (perhaps through an earlier copy), and how to remember an ack."""
@@ -257,20 +268,23 @@ class RedeliveryMemory:
                 return _CopyInRange(cell, self, prefix, first)
             return self._spanned(event_ids)
         cells = self.cells(event_ids)
-        self._note_ranged(event_ids[0])
+        where = self._note_ranged(event_ids[0])
         if len(cells) == 1:
-            in_range = self._in_spans(event_ids[0])
-            if in_range is not None:  # a copy, given without its range (a fetch with a gap)
-                return _CopyInRange(cells[0], self, *in_range)
+            if where is not None and self._overlaps(where[0], where[1], where[1] + 1):
+                # A copy, given without its range (a fetch with a gap).
+                return _CopyInRange(cells[0], self, *where)
             return _OneCell(cells[0])
         self._note_ranged(event_ids[-1])
         return _Cells(cells)
 
-    def _note_ranged(self, event_id: Hashable) -> None:
+    def _note_ranged(self, event_id: Hashable) -> tuple[tuple[Hashable, ...], int] | None:
         """If ``event_id`` is ``(*prefix, offset)``, a range of ``prefix`` looks up
-        its cells from now on (while they are remembered)."""
-        if type(event_id) is tuple and len(event_id) >= 2 and type(event_id[-1]) is int:
-            self._cell_prefixes[event_id[:-1]] = self._appended
+        its cells from now on (while they are remembered); returns ``(prefix,
+        offset)``."""
+        where = _split(event_id)
+        if where is not None:
+            self._cell_prefixes[where[0]] = self._appended
+        return where
 
     def _ranged_cells(self, prefix: tuple[Hashable, ...]) -> bool:
         """Whether cells with ids ``(*prefix, offset)`` may still be remembered."""
@@ -328,14 +342,9 @@ class RedeliveryMemory:
     def _in_spans(self, event_id: Hashable) -> tuple[tuple[Hashable, ...], int] | None:
         """``(prefix, offset)`` if ``event_id`` is ``(*prefix, offset)`` and a span
         holds it: the same event as one of a range, given without a range."""
-        if type(event_id) is not tuple or len(event_id) < 2:
-            return None
-        offset = event_id[-1]
-        if type(offset) is not int:
-            return None
-        prefix = event_id[:-1]
-        if prefix in self._spans and self._overlaps(prefix, offset, offset + 1):
-            return prefix, offset
+        where = _split(event_id)
+        if where is not None and self._overlaps(where[0], where[1], where[1] + 1):
+            return where
         return None
 
     def cells(self, event_ids: Sequence[Hashable]) -> list[list[int]]:
