@@ -58,13 +58,8 @@ class Resolutions(GroupState):
         part = sub._parts.get(run)
         if part is not None:
             part[1] |= 1 << index
-        if run.count == 1:  # the whole run: counted on it
-            if how == "failed":
-                run.failed += 1
-            else:
-                run.rejected += 1
-                if reason is not None:
-                    self._keep_reason(run, None, sub, reason)
+        if run.count == 1:
+            self._count_whole(sub, run, how, reason)
             return
         marks = self.tracker.marks.setdefault(run, {})
         counts = marks.get(index)
@@ -73,6 +68,18 @@ class Resolutions(GroupState):
         counts[0 if how == "failed" else 1] += 1
         if reason is not None and how == "rejected":
             self._keep_reason(run, index, sub, reason)
+
+    def _count_whole(
+        self, sub: Subscription, run: Run, how: Resolution, reason: str | None
+    ) -> None:
+        """``sub`` failed or rejected every event of ``run`` alike: one count on the
+        run (a reject ``reason`` kept for all of its events)."""
+        if how == "failed":
+            run.failed += 1
+        else:
+            run.rejected += 1
+            if reason is not None:
+                self._keep_reason(run, None, sub, reason)
 
     def _keep_reason(self, run: Run, index: int | None, sub: Subscription, reason: str) -> None:
         self.tracker.reasons.setdefault(run, {}).setdefault(index, []).append((sub._order, reason))
@@ -91,12 +98,7 @@ class Resolutions(GroupState):
             if indexes is None and start == 0 and stop == run.count:
                 # Every event of the run is in this binding: one count for the part.
                 sub._parts[run][1] = (1 << run.count) - 1
-                if how == "failed":
-                    run.failed += 1
-                else:
-                    run.rejected += 1
-                    if reason is not None:
-                        self._keep_reason(run, None, sub, reason)
+                self._count_whole(sub, run, how, reason)
                 self.release(sub, run)
                 continue
             if indexes == []:
