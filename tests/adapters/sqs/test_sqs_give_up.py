@@ -77,8 +77,9 @@ async def test_a_message_that_always_fails_is_dead_lettered_after_give_up_after_
 async def test_a_call_failing_during_a_stop_costs_its_message_no_receive_no_handler_saw(
     sqs: SqsAdmin,
 ) -> None:
-    """The group polls until its handlers have left, so the failed message is
-    released with a long poll in flight. SQS answers that poll with it even though
+    """The group stops polling when the stop begins, but the long poll in flight
+    then stays open on SQS's side while the handler finishes, so the failed message
+    is released with that poll in flight. SQS answers the poll with it even though
     the stopping process never hands it to a handler: one receive more, and a
     give_up_after of 3 would give up after 2 calls."""
     url = await sqs.create_queue()
