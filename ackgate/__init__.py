@@ -8,24 +8,24 @@ resolved events back to the producer in order. :class:`Service` runs decorated
 handlers over one shared stream and keeps it up.
 """
 
-from ackgate._bindings import BoundBatch
-from ackgate._deliveries import DeliveryCounts
-from ackgate._errors import (
+from ackgate._contract.deliveries import DeliveryCounts
+from ackgate._contract.errors import (
     AckGateError,
     AckTimeout,
     AdvanceFailed,
     StreamTerminated,
     SubscriberOverflow,
 )
-from ackgate._handlers import HandlerStats
-from ackgate._manager import SharedStreamManager
-from ackgate._message import Message, Reject
-from ackgate._outcome import AdvanceItem, AdvanceOutcome, AdvanceRun, EventBatch, IdRange
-from ackgate._producer import SharedStreamProducer
-from ackgate._retry import Retry
-from ackgate._service import Service, ServiceStats
-from ackgate._stats import GroupStats
-from ackgate._subscription import Subscription, reject_shared_stream_event
+from ackgate._contract.message import Message, Reject
+from ackgate._contract.outcome import AdvanceItem, AdvanceOutcome, AdvanceRun, EventBatch, IdRange
+from ackgate._contract.producer import SharedStreamProducer
+from ackgate._contract.stats import GroupStats
+from ackgate._core.bindings import BoundBatch
+from ackgate._core.manager import SharedStreamManager
+from ackgate._core.subscription import Subscription, reject_shared_stream_event
+from ackgate._service.handlers import HandlerStats
+from ackgate._service.retry import Retry
+from ackgate._service.service import Service, ServiceStats
 from ackgate._version import __version__ as __version__
 
 __all__ = [

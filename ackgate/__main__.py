@@ -2,7 +2,7 @@
 
 import sys
 
-from ackgate._cli import main
+from ackgate._operating.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

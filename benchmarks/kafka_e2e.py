@@ -27,7 +27,7 @@ consumer group per run:
   every message and ``service.stop()`` returned (final commits done);
 * **plain aiokafka, GC as ackgate run** and **Service, 4 batch, GC as ackgate run**:
   those rows with the garbage collector's first-generation threshold that ``ackgate
-  run`` sets (:func:`ackgate._run.tune_gc`: 10,000 instead of CPython's 700), so
+  run`` sets (:func:`ackgate._operating.run_command.tune_gc`: 10,000 instead of CPython's 700), so
   both the gain and the like-for-like share of plain aiokafka show (the other rows
   keep the interpreter's defaults, as a ``Service`` embedded in an application does);
 * **Service, 4 batch + OTel**: the batch row with OpenTelemetry's SDK configured as
@@ -77,7 +77,7 @@ from ackgate import (
     SharedStreamManager,
     Subscription,
 )
-from ackgate._run import tune_gc
+from ackgate._operating.run_command import tune_gc
 from ackgate_kafka import KafkaStreamProducer
 
 TEST_SUPPORT = Path(__file__).resolve().parents[1] / "tests" / "support"

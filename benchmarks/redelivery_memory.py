@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Hashable
 
 from ackgate import IdRange
-from ackgate._redelivery import RedeliveryMemory
+from ackgate._core.redelivery import RedeliveryMemory
 
 SHAPES: dict[str, Callable[[int], Hashable]] = {
     "kafka (topic, partition, offset)": lambda n: ("orders", n % 16, 10**9 + n),

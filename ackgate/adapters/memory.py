@@ -59,9 +59,9 @@ from collections.abc import AsyncIterator, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ackgate._message import Message
-from ackgate._outcome import AdvanceItem, AdvanceOutcome
-from ackgate._producer import SharedStreamProducer
+from ackgate._contract.message import Message
+from ackgate._contract.outcome import AdvanceItem, AdvanceOutcome
+from ackgate._contract.producer import SharedStreamProducer
 
 __all__ = [
     "MemoryBroker",

@@ -13,8 +13,8 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from typing import Any
 
-from ackgate._outcome import AdvanceItem, AdvanceRun
-from ackgate._producer import SharedStreamProducer
+from ackgate._contract.outcome import AdvanceItem, AdvanceRun
+from ackgate._contract.producer import SharedStreamProducer
 
 _END = object()
 

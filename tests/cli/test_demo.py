@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from ackgate import _cli, _demo
+from ackgate._operating import cli as _cli
+from ackgate._operating import demo as _demo
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -182,7 +183,9 @@ def test_bad_option_as_a_subprocess(tmp_path: Path) -> None:
 
 
 def test_json_needs_no_rich_and_bars_name_the_extra(tmp_path: Path) -> None:
-    without_rich = "import sys; sys.modules['rich'] = None; from ackgate._cli import main; "
+    without_rich = (
+        "import sys; sys.modules['rich'] = None; from ackgate._operating.cli import main; "
+    )
     done = run_module(
         "-c", without_rich + "sys.exit(main(['demo', '--events', '200', '--json']))", cwd=tmp_path
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import ackgate
-from ackgate import _cli
+from ackgate._operating import cli as _cli
 
 ADAPTERS = {
     "memory": ("ackgate", "ackgate.adapters.memory:MemoryStreamProducer"),
@@ -64,7 +64,7 @@ def test_adapters_imports_no_adapter_or_client(tmp_path: Path) -> None:
     ]
     script = (
         "import sys\n"
-        "from ackgate._cli import main\n"
+        "from ackgate._operating.cli import main\n"
         "assert main(['adapters']) == 0\n"
         f"print('imported:', [m for m in {modules!r} if m in sys.modules])\n"
     )

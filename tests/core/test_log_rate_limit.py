@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ackgate._logging import RateLimitFilter, rate_limit_logging
+from ackgate._operating.log_throttle import RateLimitFilter, rate_limit_logging
 
 
 class Clock:

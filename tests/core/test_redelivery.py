@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-import ackgate._group
+import ackgate._core.group
 from ackgate import SharedStreamManager, StreamTerminated, Subscription
-from ackgate._redelivery import _MAX_SUBSCRIBER_IDS, RedeliveryMemory
+from ackgate._core.redelivery import _MAX_SUBSCRIBER_IDS, RedeliveryMemory
 from ackgate.testing import ScriptedProducer
 
 from .conftest import turn
@@ -200,7 +200,7 @@ async def test_a_raising_get_event_id_ends_the_group(manager: SharedStreamManage
 async def test_the_oldest_ids_are_forgotten_first(
     monkeypatch: pytest.MonkeyPatch, manager: SharedStreamManager, identified: IdentifiedProducer
 ) -> None:
-    monkeypatch.setattr(ackgate._group, "_REMEMBERED_EVENT_IDS", 2)
+    monkeypatch.setattr(ackgate._core.group, "_REMEMBERED_EVENT_IDS", 2)
     sub = manager.subscribe("k", "s", producer=lambda: identified)
     for name in ("a", "b", "c"):
         identified.feed(name, (name, 1))

@@ -289,7 +289,7 @@ async def test_runs_of_several_lanes_advance_each_in_its_lane(
 
 
 def test_a_run_needs_ids_alike_in_the_redelivery_memory() -> None:
-    from ackgate._redelivery import RedeliveryMemory
+    from ackgate._core.redelivery import RedeliveryMemory
 
     memory = RedeliveryMemory(1000)
     memory.remember(IdRange(("t", 0), 0, 10))
@@ -347,7 +347,7 @@ async def test_a_range_refetched_after_a_fetch_with_a_gap_is_still_known(
 
 
 def test_a_range_is_cut_at_the_ids_remembered_one_by_one() -> None:
-    from ackgate._redelivery import RedeliveryMemory
+    from ackgate._core.redelivery import RedeliveryMemory
 
     memory = RedeliveryMemory(4)
     memory.remember([("t", 0, 3), ("t", 0, 7)])

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from ackgate import AdvanceOutcome, Message, Reject, Retry, Service, reject_shared_stream_event
-from ackgate._calls import _MIN_HELD_MESSAGES
+from ackgate._service.calls import _MIN_HELD_MESSAGES
 from ackgate.adapters.memory import MemoryBroker, MemoryStreamProducer
 from ackgate.testing import ScriptedProducer
 

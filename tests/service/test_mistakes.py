@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-import ackgate._worker
+import ackgate._service.feed
 from ackgate import AdvanceOutcome, Message, Reject, Retry, Service
 from ackgate.adapters.memory import MemoryBroker, MemoryStreamProducer
 from ackgate.testing import FakeClock, ScriptedProducer
@@ -334,7 +334,7 @@ async def test_a_hard_stop_bounds_the_groups_stop_by_the_default_stop_timeout(
 ) -> None:
     """``run()`` cancelled with no ``stop()`` first (asyncio.run() tearing down): the
     group's stop gets ``stop()``'s default timeout (30 s, shortened here)."""
-    monkeypatch.setattr(ackgate._worker, "DEFAULT_STOP_TIMEOUT", 0.0)
+    monkeypatch.setattr(ackgate._service.feed, "DEFAULT_STOP_TIMEOUT", 0.0)
     stuck = _StuckAdvance()
     stuck.feed(b"one", 0)
     service = Service("k", producer=lambda: stuck)
@@ -405,11 +405,11 @@ asyncio.run(main())
 STUCK = """
 import asyncio
 
-import ackgate._worker
+import ackgate._service.feed
 from ackgate import Message, Service
 from ackgate.adapters.memory import MemoryBroker, MemoryStreamProducer
 
-ackgate._worker.DEFAULT_STOP_TIMEOUT = 0.5  # a hard stop's bound (30 s), shortened
+ackgate._service.feed.DEFAULT_STOP_TIMEOUT = 0.5  # a hard stop's bound (30 s), shortened
 
 
 class Stuck(MemoryStreamProducer):

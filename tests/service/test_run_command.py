@@ -19,7 +19,7 @@ from typing import IO
 
 import pytest
 
-from ackgate._run import GC_THRESHOLD, BadTarget, load_services, tune_gc
+from ackgate._operating.run_command import GC_THRESHOLD, BadTarget, load_services, tune_gc
 
 REPO = Path(__file__).resolve().parents[2]
 

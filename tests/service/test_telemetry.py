@@ -13,7 +13,7 @@ from opentelemetry import trace
 from opentelemetry.propagate import inject
 
 from ackgate import Message, Reject, Service
-from ackgate._telemetry import sdk_configured
+from ackgate._service.telemetry import sdk_configured
 from ackgate.adapters.memory import MemoryBroker, MemoryStreamProducer
 from ackgate_test_support.otel import otel_sdk, points
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from ackgate import Message
-from ackgate import _unresolved as unresolved_module
-from ackgate._unresolved import UnresolvedCalls
+from ackgate._service import unresolved as unresolved_module
+from ackgate._service.unresolved import UnresolvedCalls
 
 
 def message(id: str, attempt: int) -> Message:

@@ -1,0 +1,143 @@
+"""The operability options of ``ackgate run``: ``--health-port``, ``--health-host``,
+``--metrics-port`` and ``--workers`` (the servers themselves are in
+:mod:`ackgate._operating.health`, :mod:`ackgate._service.telemetry` and :mod:`ackgate._operating.worker_processes`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ackgate._operating.args import int_at_least
+from ackgate._operating.health import HealthServer, loop_probes
+from ackgate._operating.worker_processes import (
+    INDEX_ENV,
+    REPORT_FD_ENV,
+    Workers,
+    report_health_port,
+    watch_parent,
+    worker_command,
+)
+
+if TYPE_CHECKING:
+    from ackgate._service.service import Service
+
+__all__ = [
+    "WORKER_INDEX_ENV",
+    "add_operability_options",
+    "prepare_operability",
+    "run_workers",
+    "start_health",
+    "watch_parent",
+]
+
+logger = logging.getLogger("ackgate.run")
+
+WORKER_INDEX_ENV = INDEX_ENV
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0..65535, got {value}")
+    return value
+
+
+def add_operability_options(run: Any) -> None:
+    """Add ``--health-port``, ``--health-host``, ``--metrics-port`` and ``--workers``."""
+    run.add_argument(
+        "--health-port",
+        type=_port,
+        metavar="PORT",
+        help="serve GET /livez (the event loop answers within 1s) and GET /readyz (every "
+        "service has a live group, not paused, its broker connected) on this port",
+    )
+    run.add_argument(
+        "--health-host",
+        default="0.0.0.0",
+        metavar="HOST",
+        help="address the health and metrics endpoints listen on (default: %(default)s)",
+    )
+    run.add_argument(
+        "--metrics-port",
+        type=_port,
+        metavar="PORT",
+        help="serve the OpenTelemetry metrics in Prometheus text format on this port "
+        "(needs the otel extra: pip install 'ackgate[otel]'); with --workers N, "
+        "worker i serves on PORT+i",
+    )
+    run.add_argument(
+        "--workers",
+        type=int_at_least(1),
+        default=1,
+        metavar="N",
+        help="run N worker processes, each with its own copy of the services; signals are "
+        "forwarded, a worker that dies is started again (default: %(default)s)",
+    )
+
+
+def prepare_operability(opts: argparse.Namespace) -> None:
+    """Before the services are imported: serve ``--metrics-port`` (the global meter
+    provider becomes the SDK's, read by a Prometheus exporter). ``ValueError`` naming
+    what to install when the otel extra is missing."""
+    if opts.metrics_port is None:
+        return
+    from ackgate._operating.run_command import BadTarget
+
+    try:
+        from opentelemetry import metrics
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from opentelemetry.sdk.metrics import MeterProvider
+        from prometheus_client import start_http_server
+    except ImportError as error:
+        raise BadTarget(
+            f"--metrics-port needs the otel extra ({error.name} is missing): "
+            "pip install 'ackgate[otel]'"
+        ) from None
+    try:
+        server, _thread = start_http_server(opts.metrics_port, addr=opts.health_host)
+    except OSError as error:
+        raise BadTarget(f"--metrics-port {opts.metrics_port}: {error.strerror}") from None
+    metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
+    logger.info("metrics in Prometheus text format on port %d", server.server_port)
+
+
+def start_health(
+    loop: asyncio.AbstractEventLoop,
+    services: Sequence[Service],
+    opts: argparse.Namespace | None,
+) -> Callable[[], None]:
+    """Serve ``--health-port`` for ``services`` on ``loop``; return what stops it."""
+    if opts is None or getattr(opts, "health_port", None) is None:
+        return lambda: None
+    livez, readyz = loop_probes(loop, services)
+    # A worker's own server is for its parent only: loopback, whatever --health-host says.
+    host = "127.0.0.1" if os.environ.get(REPORT_FD_ENV) else opts.health_host
+    try:
+        server = HealthServer(host, opts.health_port, livez, readyz)
+    except OSError as error:
+        from ackgate._operating.run_command import BadTarget
+
+        raise BadTarget(f"--health-port {opts.health_port}: {error.strerror}") from None
+    report_health_port(server.port)  # a worker tells its parent where to ask
+    logger.info("health endpoints /livez and /readyz on port %d", server.port)
+    return server.close
+
+
+def run_workers(opts: argparse.Namespace) -> int:
+    """``--workers N`` (N > 1): the parent; the exit status."""
+    argv = list(getattr(opts, "argv", ()))
+    after_run = argv[argv.index("run") + 1 :] if "run" in argv else list(opts.targets)
+    workers = Workers(
+        worker_command(after_run),
+        opts.workers,
+        opts.metrics_port,
+        health=opts.health_port is not None,
+    )
+    return asyncio.run(workers.run(opts.health_host, opts.health_port))

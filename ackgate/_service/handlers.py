@@ -1,0 +1,240 @@
+"""A :class:`~ackgate.Service` handler's declaration and its counters.
+
+``@service.handler(...)`` checks its options here, once, and keeps them in a
+:class:`HandlerSpec`; the running handler counts what happened in
+:class:`HandlerCounters`, and ``service.stats()`` reports :class:`HandlerStats`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ackgate._core.subscription import Subscription
+from ackgate._service.retry import Retry
+
+Ordering = Literal["lane", "key", "none"]
+ORDERINGS: tuple[Ordering, ...] = ("lane", "key", "none")
+
+#: A handler: ``async def h(message) -> None`` or, batched, ``async def h(messages)``
+#: returning ``None`` or ``{message.id: Reject(...)}``.
+HandlerFunction = Callable[[Any], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerSpec:
+    """One declared handler: its id (a roster member) and how it is called."""
+
+    id: str
+    function: HandlerFunction
+    #: Calls in progress at once (batch calls, for a batch handler).
+    concurrency: int
+    ordering: Ordering
+    retry: Retry
+    #: > 1: a batch handler, called with up to this many messages.
+    batch_size: int
+    #: Batch handlers: seconds after the first message of a batch it is called at the latest.
+    batch_wait: float
+    #: A failure at ``Message.attempt >= give_up_after`` becomes a reject, and a message
+    #: whose earlier deliveries count that many unresolved calls is rejected without a
+    #: call (``Calls._give_up_unresolved``); ``None``: never.
+    give_up_after: int | None = None
+
+    @property
+    def batched(self) -> bool:
+        return self.batch_size > 1
+
+
+def check_spec(
+    handler_id: object,
+    function: object,
+    *,
+    concurrency: object,
+    ordering: object,
+    retry: object,
+    batch_size: object,
+    batch_wait: object,
+    give_up_after: object = None,
+) -> HandlerSpec:
+    """Validate ``@service.handler`` arguments: ``ValueError``/``TypeError`` naming each."""
+    if not isinstance(handler_id, str) or not handler_id:
+        raise ValueError(f"a handler id is a non-empty str, got {handler_id!r}")
+    if not _is_async_function(function):
+        raise TypeError(
+            f"handler {handler_id!r} must be an async def function (a coroutine function), "
+            f"got {function!r}"
+        )
+    concurrency = _positive_int(f"handler {handler_id!r}: concurrency", concurrency)
+    if ordering not in ORDERINGS:
+        raise ValueError(
+            f'handler {handler_id!r}: ordering must be "lane", "key" or "none", got {ordering!r}'
+        )
+    if not isinstance(retry, Retry):
+        raise TypeError(f"handler {handler_id!r}: retry must be a Retry, got {retry!r}")
+    batch_size = _positive_int(f"handler {handler_id!r}: batch_size", batch_size)
+    if (
+        isinstance(batch_wait, bool)
+        or not isinstance(batch_wait, int | float)
+        or not math.isfinite(batch_wait)
+        or batch_wait < 0
+    ):
+        raise ValueError(
+            f"handler {handler_id!r}: batch_wait must be a finite number of seconds >= 0, "
+            f"got {batch_wait!r}"
+        )
+    if batch_size == 1 and batch_wait:
+        raise ValueError(
+            f"handler {handler_id!r}: batch_wait applies to batch handlers only (batch_size > 1)"
+        )
+    if batch_size > 1 and concurrency > 1 and ordering != "none":
+        raise ValueError(
+            f"handler {handler_id!r}: concurrent batches (concurrency={concurrency}) are not "
+            f'kept in stream order: pass ordering="none", or concurrency=1'
+        )
+    if give_up_after is not None:
+        give_up_after = _positive_int(f"handler {handler_id!r}: give_up_after", give_up_after)
+    _check_takes_one_argument(handler_id, function, batched=batch_size > 1)
+    assert callable(function)
+    return HandlerSpec(
+        id=handler_id,
+        function=function,
+        concurrency=concurrency,
+        ordering=ordering,
+        retry=retry,
+        batch_size=batch_size,
+        batch_wait=float(batch_wait),
+        give_up_after=give_up_after,
+    )
+
+
+def _is_async_function(function: object) -> bool:
+    """An ``async def`` function or method (``functools.partial`` of one included), or
+    an object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
+        type(function).__call__
+    )
+
+
+def _check_takes_one_argument(handler_id: str, function: object, *, batched: bool) -> None:
+    """Refuse a function that cannot be called with one positional argument (the
+    message, or the list of them), at decoration rather than at its first call."""
+    assert callable(function)
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # no signature to read (some C callables): trust it
+        return
+    try:
+        signature.bind(None)
+    except TypeError as error:
+        takes = "a list of Message (a batch handler)" if batched else "one Message"
+        empty = inspect.Parameter.empty
+        shown = signature.replace(
+            parameters=[p.replace(annotation=empty) for p in signature.parameters.values()],
+            return_annotation=empty,
+        )
+        raise TypeError(
+            f"handler {handler_id!r}: {_name(function)}{shown} cannot be called with "
+            f"{takes} as its only argument ({error})"
+        ) from None
+
+
+def _name(function: object) -> str:
+    if isinstance(function, functools.partial):
+        return f"functools.partial({_name(function.func)})"
+    return getattr(function, "__qualname__", None) or type(function).__qualname__
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerStats:
+    """What one handler of a service has done since ``run()`` started (messages, not calls).
+
+    Each message the handler resolved counts in exactly one of ``handled``,
+    ``rejected``, ``failed`` and ``gave_up``. Messages abandoned by a stop, a
+    restart or an ack timeout (left to redelivery) count in none of them.
+
+    Attributes:
+        id: The handler id.
+        handled: Acked: the call returned (for a batch handler, not rejected by its
+            result).
+        rejected: Rejected: ``Reject`` raised, or returned for it by a batch handler.
+        failed: Failed after every attempt: the broker redelivers them.
+        gave_up: Rejected by ``give_up_after``: failed at ``Message.attempt >=
+            give_up_after``, or handed with ``attempt > give_up_after`` (never
+            called). They are dead-lettered once every handler is done with them.
+        retried: Retries made (a call of 3 attempts on a batch of 10 counts 20).
+        in_progress: Messages in a handler call right now (retry backoffs included).
+        redeliveries_skipped: Redelivered copies this handler was not handed
+            because it had acked an earlier copy (SPEC §13).
+    """
+
+    id: str
+    handled: int
+    rejected: int
+    failed: int
+    retried: int
+    in_progress: int
+    redeliveries_skipped: int = 0
+    gave_up: int = 0
+
+
+class HandlerCounters:
+    """The live counters behind :class:`HandlerStats`. Invariant: every field >= 0."""
+
+    __slots__ = (
+        "bad_return_logged",
+        "failed",
+        "gave_up",
+        "handled",
+        "in_progress",
+        "live",
+        "rejected",
+        "retried",
+        "skipped_in_ended_groups",
+    )
+
+    def __init__(self) -> None:
+        self.handled = 0
+        self.rejected = 0
+        self.failed = 0
+        self.gave_up = 0
+        self.retried = 0
+        self.in_progress = 0
+        #: The handler's latest subscription; its group counts the skipped copies.
+        self.live: Subscription | None = None
+        self.skipped_in_ended_groups = 0
+        #: Set once a call returned something it must not: that is logged once.
+        self.bad_return_logged = False
+
+    def subscribed(self, subscription: Subscription) -> None:
+        """Caller: the handler's worker, after each ``subscribe``. A group counts
+        skipped copies per subscriber id for its whole life, so only a new group
+        moves the last one's count into ``skipped_in_ended_groups``."""
+        last = self.live
+        if last is not None and last._group is not subscription._group:
+            self.skipped_in_ended_groups += last.redeliveries_skipped
+        self.live = subscription
+
+    def snapshot(self, handler_id: str) -> HandlerStats:
+        return HandlerStats(
+            id=handler_id,
+            handled=self.handled,
+            rejected=self.rejected,
+            failed=self.failed,
+            retried=self.retried,
+            in_progress=self.in_progress,
+            redeliveries_skipped=self.skipped_in_ended_groups
+            + (self.live.redeliveries_skipped if self.live is not None else 0),
+            gave_up=self.gave_up,
+        )
