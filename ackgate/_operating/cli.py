@@ -1,6 +1,6 @@
 """The ``ackgate`` command: ``ackgate demo`` runs the whole pipeline on the embedded broker,
-``ackgate run MODULE:ATTR`` runs services (:mod:`ackgate._operating.run_command`), ``ackgate adapters``
-lists the installed broker adapters, ``ackgate --version``.
+``ackgate run MODULE:ATTR`` runs services (:mod:`ackgate._operating.run_command`),
+``ackgate adapters`` lists the installed broker adapters, ``ackgate --version``.
 
 For the demo this module is the command line around the run in :mod:`ackgate._operating.demo`:
 it parses and checks the options, shows progress bars while the run goes and prints

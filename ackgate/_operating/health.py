@@ -9,7 +9,8 @@ service has a live group that is not paused and whose upstream is connected, els
 with a JSON body (``{"status": "ok"}`` or ``{"status": "unavailable", ...}``).
 
 With ``ackgate run --workers N`` the parent serves the port and asks each worker's
-own server (on a loopback port the worker reports at start): see :mod:`ackgate._operating.worker_processes`.
+own server (on a loopback port the worker reports at start): see
+:mod:`ackgate._operating.worker_processes`.
 """
 
 from __future__ import annotations

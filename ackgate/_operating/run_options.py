@@ -1,6 +1,7 @@
 """The operability options of ``ackgate run``: ``--health-port``, ``--health-host``,
 ``--metrics-port`` and ``--workers`` (the servers themselves are in
-:mod:`ackgate._operating.health`, :mod:`ackgate._service.telemetry` and :mod:`ackgate._operating.worker_processes`)."""
+:mod:`ackgate._operating.health`, :mod:`ackgate._service.telemetry` and
+:mod:`ackgate._operating.worker_processes`)."""
 
 from __future__ import annotations
 
