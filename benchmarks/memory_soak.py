@@ -1,4 +1,5 @@
-"""Long-run memory check: RSS must stay flat however long the stream is (SPEC §9).
+"""Long-run memory check: RSS must stay flat however long the stream is
+(docs/production.md#max_outstanding).
 
 N events (default 2,000,000) fanned out to S subscribers (default 4) in ack mode;
 each subscriber binds one output per event and confirms them in batches, every

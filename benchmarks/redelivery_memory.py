@@ -1,4 +1,5 @@
-"""Bytes per remembered event id in the redelivery memory (SPEC §13), measured.
+"""Bytes per remembered event id in the redelivery memory (docs/concepts.md#redelivery-memory),
+measured.
 
 A group remembers, for each of its last ``capacity`` acked event ids, which
 subscribers acked it. This prints the traced bytes per id for the shapes the

@@ -80,7 +80,7 @@ class SharedStreamProducer(ABC):
         but an ``EventBatch`` with at least one event, equal lengths and a
         hashable lane ends the group (``StreamTerminated`` with the error as
         ``__cause__``). Keep batches to what one fetch returns: the group may wait
-        for room between the events of a batch (backpressure, §9), with the rest
+        for room between the events of a batch (backpressure, ``max_outstanding``), with the rest
         of the batch held in memory meanwhile.
         """
         raise NotImplementedError
@@ -142,7 +142,7 @@ class SharedStreamProducer(ABC):
         Optional (default ``None``: no identity). When a copy of an event whose id
         was seen before in this group is broadcast again, every subscriber that
         acked an earlier copy is counted ``acked`` for it at once and not handed
-        it (SPEC §13). Called once per event, synchronously, like
+        it (docs/concepts.md#redelivery-memory). Called once per event, synchronously, like
         :meth:`get_advance_lane`; raising or returning an unhashable value ends
         the group with ``StreamTerminated``. Return an id only if two payloads
         with equal ids really carry the same event.
@@ -157,12 +157,11 @@ class SharedStreamProducer(ABC):
         group (``StreamTerminated`` with the error as ``__cause__``); the service
         restarts it after a backoff, and the broker redelivers.
 
-        The default accepts ``bytes`` raw events only: ``Message(body=raw_event,
-        id=..., lane=self.get_advance_lane(broker_payload), raw=raw_event)``, no
-        key, no headers, no delivery count; ``id`` is ``str(get_event_id(payload))``
-        when the producer gives ids (SPEC §13), else ``repr(broker_payload)``.
-        Anything else is a ``TypeError`` naming the producer class. Adapters
-        override it.
+        The default accepts ``bytes`` raw events only: ``Message(body=raw_event, id=...,
+        lane=self.get_advance_lane(broker_payload), raw=raw_event)``, no key, no headers, no
+        delivery count; ``id`` is ``str(get_event_id(payload))`` when the producer gives ids
+        (docs/concepts.md#redelivery-memory), else ``repr(broker_payload)``. Anything else is a
+        ``TypeError`` naming the producer class. Adapters override it.
         """
         if not isinstance(raw_event, bytes):
             raise TypeError(

@@ -94,7 +94,8 @@ class Run:
         self.pending = snapshot
         self.undelivered = snapshot
         self.broadcast_at = broadcast_at
-        #: The redelivery memory's record of the run's ids (SPEC §13), if it has ids.
+        #: The redelivery memory's record of the run's ids (docs/concepts.md#redelivery-memory), if
+        #: it has ids.
         self.memory = memory
         #: ``None`` unless an earlier copy of one of its ids was broadcast in this
         #: group: only then may a subscriber have acked an earlier copy, and a

@@ -43,7 +43,8 @@ from ackgate._core.tracker import LaneTracker
 
 logger = logging.getLogger("ackgate.group")
 
-#: How many event ids a group remembers to skip redelivered copies (SPEC §13).
+#: How many event ids a group remembers to skip redelivered copies
+#: (docs/concepts.md#redelivery-memory).
 _REMEMBERED_EVENT_IDS = 65_536
 
 
@@ -64,7 +65,8 @@ class Group(Intake):
         #: The broker connection as the producer reports it; an earlier group's of
         #: the same key if that one ended while its upstream was down.
         self.upstream = Upstream(key) if upstream is None else upstream
-        #: The declared subscriber ids (§7), in the order first given; ``None``: dynamic.
+        #: The declared subscriber ids (docs/concepts.md#snapshot-and-roster), in the order first
+        #: given; ``None``: dynamic.
         self.roster = roster
         self.ack_mode = ack_mode
         self.bindings = bindings
@@ -82,7 +84,8 @@ class Group(Intake):
         #: per subscription (a pull removes its own, however it ends), so cancelled
         #: pulls on an idle stream do not pile up.
         self.waiters: set[asyncio.Future[None]] = set()
-        #: Subscriptions created so far: the next one's subscription order (SPEC §8).
+        #: Subscriptions created so far: the next one's subscription order
+        #: (docs/concepts.md#deferred-resolution).
         self.joins = 0
         self.blocked = False  # the poll waits for room (overflow="block", rostered groups)
         self.room = asyncio.Event()
@@ -112,7 +115,8 @@ class Group(Intake):
             config.clock, "sleep_until", None
         )
         self._producer: SharedStreamProducer | None = None
-        #: Who acked which event ids, to skip them on a redelivered copy (SPEC §13).
+        #: Who acked which event ids, to skip them on a redelivered copy
+        #: (docs/concepts.md#redelivery-memory).
         self.redelivery = RedeliveryMemory(_REMEMBERED_EVENT_IDS)
         self.redeliveries_skipped = 0
         self.redeliveries_skipped_by: dict[Hashable, int] = {}

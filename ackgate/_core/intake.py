@@ -85,7 +85,8 @@ class Intake(Timeouts):
                     )
                     if tracker.outstanding >= max_outstanding:
                         assert tracker.outstanding == max_outstanding, "over max_outstanding"
-                        # SPEC §9: pull nothing more until advances make room.
+                        # docs/production.md#max_outstanding: pull nothing more until advances make
+                        # room.
                         await tracker.wait_for_room()
                         if self.terminal is not None:
                             break
@@ -104,8 +105,8 @@ class Intake(Timeouts):
         except Exception as exc:
             self._upstream_failed(exc)
         finally:
-            # From here on the stop must not cancel the poll: that would cut the
-            # stream's own ``finally`` short (SPEC §2 promises it runs).
+            # From here on the stop must not cancel the poll: that would cut the stream's own
+            # ``finally`` short (docs/writing-an-adapter.md#1-the-producer promises it runs).
             self._poll_exited = True
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
@@ -173,8 +174,8 @@ class Intake(Timeouts):
 
     async def _broadcast_batch(self, batch: object, blocking: bool, fairness: int) -> int | None:
         """Broadcast a fetched batch (``open_stream_batches``) as runs: every event as
-        the per-event poll would, waiting for room between runs as it does (SPEC §3
-        blocking, §7 health, §9 ``max_outstanding``) and yielding to the loop after
+        the per-event poll would, waiting for room between runs as it does (docs/concepts.md#window
+        blocking, a roster's health, ``max_outstanding``) and yielding to the loop after
         every ``fairness`` events, so subscribers read before their queues fill up.
         A run ends where the per-event poll would have changed something between two
         events: room, health, an overflow. Returns how many events were broadcast,
@@ -233,7 +234,7 @@ class Intake(Timeouts):
             done += count
             if tracker.outstanding >= tracker.max_outstanding:
                 assert tracker.outstanding == tracker.max_outstanding, "over max_outstanding"
-                await tracker.wait_for_room()  # SPEC §9
+                await tracker.wait_for_room()  # docs/production.md#max_outstanding
                 if self.terminal is not None:
                     return None if done < total else done
         return done

@@ -52,12 +52,11 @@ class SharedStreamManager:
     fires them (``ackgate.testing.FakeClock`` does this); otherwise they sleep on
     the event loop's time.
 
-    ``max_outstanding`` (SPEC §9) caps the events a group holds broadcast and not
-    yet advanced: at the cap the group stops pulling the upstream until advances
-    make room, whatever is slow (a subscriber, unconfirmed outputs, ``advance``
-    itself). Backpressure, not failure. A subscriber that waits for more events
-    before it confirms what it bound (confirming in batches) must use batches
-    smaller than this, or it waits until the ack timeout.
+    ``max_outstanding`` (docs/production.md#max_outstanding) caps the events a group holds broadcast
+    and not yet advanced: at the cap the group stops pulling the upstream until advances make room,
+    whatever is slow (a subscriber, unconfirmed outputs, ``advance`` itself). Backpressure, not
+    failure. A subscriber that waits for more events before it confirms what it bound (confirming in
+    batches) must use batches smaller than this, or it waits until the ack timeout.
     """
 
     def __init__(
@@ -203,7 +202,7 @@ class SharedStreamManager:
             self._bindings.confirm(seqs)
 
     def reject_bound(self, seqs: Iterable[int], reason: str | None = None) -> None:
-        """Reject the events these outputs are bound to (SPEC §8).
+        """Reject the events these outputs are bound to (docs/concepts.md#deferred-resolution).
 
         The event each live number is bound to resolves as ``rejected`` for the
         subscriber that bound it, at once: whether its window is still open or
@@ -221,7 +220,7 @@ class SharedStreamManager:
             self._bindings.resolve(seqs, "rejected", reason)
 
     def fail_bound(self, seqs: Iterable[int]) -> None:
-        """Fail the events these outputs are bound to (SPEC §8): as
+        """Fail the events these outputs are bound to (docs/concepts.md#deferred-resolution): as
         :meth:`reject_bound`, but each resolves as ``failed`` for its subscriber,
         so the broker redelivers it."""
         if not isinstance(seqs, Iterable):

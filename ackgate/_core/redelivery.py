@@ -1,4 +1,4 @@
-"""Redelivery memory (SPEC §13): who already acked which event ids.
+"""Redelivery memory (docs/concepts.md#redelivery-memory): who already acked which event ids.
 
 A broker redelivers an event when it was not advanced clean: a Kafka partition
 held at an earlier offset refetches everything after it, an SQS/Pub/Sub/Service

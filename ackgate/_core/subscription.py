@@ -466,7 +466,7 @@ class Subscription:
     def _acked_earlier_copy(self, run: Run) -> bool:
         """Whether this subscriber, in the snapshot of ``run`` (a redelivered copy)
         and not handed any of it, acked an earlier copy of every one of its events
-        (SPEC §13): then it is not handed ``run``.
+        (docs/concepts.md#redelivery-memory): then it is not handed ``run``.
 
         Caller: every hand-out (``__anext__``, ``pull_bound``, ``_take_slices``) and
         what resolves the runs still queued for it (leaving, a force-fail, the end of
@@ -683,11 +683,11 @@ class Subscription:
     def bind(self) -> int | None:
         """Bind one derived output to the open window; return its sequence number.
 
-        Pass the number to ``manager.confirm_persisted`` once the output is stored,
-        or to ``manager.reject_bound`` / ``manager.fail_bound`` to resolve the
-        event otherwise, possibly after moving on (SPEC §8). Returns ``None``
-        outside ack mode, outside a window, when this subscriber's part in the
-        open event is already resolved, or once the group stopped.
+        Pass the number to ``manager.confirm_persisted`` once the output is stored, or to
+        ``manager.reject_bound`` / ``manager.fail_bound`` to resolve the event otherwise, possibly
+        after moving on (docs/concepts.md#deferred-resolution). Returns ``None`` outside ack mode,
+        outside a window, when this subscriber's part in the open event is already resolved, or once
+        the group stopped.
         """
         run = self._current
         if run is None or self._current_resolved:

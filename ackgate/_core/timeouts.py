@@ -48,7 +48,7 @@ class Timeouts(Membership):
     def _owes(sub: Subscription, run: Run) -> bool:
         """Whether ``sub`` still owes part of ``run``, which fell due. A queued copy of
         ids it acked since the broadcast is counted acked here, as its hand-out would
-        count it (SPEC §13): that is no debt to be force-failed for."""
+        count it (docs/concepts.md#redelivery-memory): that is no debt to be force-failed for."""
         if sub._failure is not None:
             return False
         if run in sub._parts or run in sub._outputs:

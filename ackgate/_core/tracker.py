@@ -16,7 +16,7 @@ Invariants:
   events) are advanced in fan-out order and each batch is a contiguous prefix;
 * after ``halt()`` (an advance raised, or the group is torn down) no new batch is
   started on any lane, and no worker is created;
-* ``outstanding <= max_outstanding`` (SPEC §9): the group's poll waits in
+* ``outstanding <= max_outstanding`` (docs/production.md#max_outstanding): the group's poll waits in
   :meth:`LaneTracker.wait_for_room` before it broadcasts more
   (``tests/core/test_max_outstanding.py``).
 """

@@ -266,7 +266,7 @@ class Calls:
                     raise  # this call is cancelled (stop, ack timeout, the loop's teardown)
                 # A CancelledError the handler's own code raised (a future it awaited
                 # was cancelled) is a failure of this call like any other: retried, then
-                # failed, and the lane goes on (SPEC §15).
+                # failed, and the lane goes on (docs/production.md#handler-mistakes).
                 if call < retry.attempts:
                     delay = retry.delay(call)
                     logger.warning(

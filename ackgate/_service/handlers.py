@@ -176,7 +176,7 @@ class HandlerStats:
         retried: Retries made (a call of 3 attempts on a batch of 10 counts 20).
         in_progress: Messages in a handler call right now (retry backoffs included).
         redeliveries_skipped: Redelivered copies this handler was not handed
-            because it had acked an earlier copy (SPEC §13).
+            because it had acked an earlier copy (docs/concepts.md#redelivery-memory).
     """
 
     id: str

@@ -1,10 +1,11 @@
 """``Service``: decorated handlers over one shared stream, kept up by supervision.
 
-A service is a user of the core's public API: its handlers are the roster (SPEC §7)
-of one ack-mode group, each handler one subscription (:mod:`ackgate._service.feed`) whose
-calls run concurrently, in order per lane or key (:mod:`ackgate._service.calls`), and
-resolve the tickets bound to their messages (SPEC §8). The producer is wrapped so
-each event is converted to a :class:`~ackgate.Message` once (:mod:`ackgate._service.convert`).
+A service is a user of the core's public API: its handlers are the roster
+(docs/concepts.md#snapshot-and-roster) of one ack-mode group, each handler one subscription
+(:mod:`ackgate._service.feed`) whose calls run concurrently, in order per lane or key
+(:mod:`ackgate._service.calls`), and resolve the tickets bound to their messages
+(docs/concepts.md#deferred-resolution). The producer is wrapped so each event is converted to a
+:class:`~ackgate.Message` once (:mod:`ackgate._service.convert`).
 
 Lifecycle: *new* (handlers may be registered) → *running* (``run()``) → *stopped*.
 While running, a group that ends (upstream failure, advance failure) is restarted
@@ -460,7 +461,7 @@ class Service:
 
     # -- stopping ------------------------------------------------------------------
 
-    async def stop(self, timeout: float = 30.0) -> None:  # noqa: ASYNC109 - SPEC §12
+    async def stop(self, timeout: float = 30.0) -> None:  # noqa: ASYNC109 - docs/production.md#service-options
         """Stop gracefully and wait until ``run()`` returned.
 
         Nothing more is read from the broker (a message received now would reach

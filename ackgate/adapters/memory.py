@@ -27,10 +27,10 @@ What each outcome does to the broker (``advance`` walks every batch in order):
 * **clean** (``acked >= 1``, nothing failed or rejected): the group's committed
   offset of the partition moves past the event.
 * **rejected** (nobody failed, someone rejected): the record is copied to
-  ``<topic>.dlq`` (same partition number, same key and value; ``reason`` and
-  ``origin`` name why and where it came from), then committed past. ``reason`` is
-  ``"rejected by R of N subscribers"``, then each reason given (SPEC §8,
-  ``"<subscriber_id>: <reason>"``, in subscription order), separated by ``"; "``.
+  ``<topic>.dlq`` (same partition number, same key and value; ``reason`` and ``origin`` name why and
+  where it came from), then committed past. ``reason`` is ``"rejected by R of N subscribers"``, then
+  each reason given (docs/concepts.md#deferred-resolution, ``"<subscriber_id>: <reason>"``, in
+  subscription order), separated by ``"; "``.
 * **failed**, or **broadcast to nobody** (all counts zero): the partition is
   *held*. Nothing in it is committed past the event, and the producer seeks the
   partition back to it, so it is delivered again, followed by every later event
@@ -344,7 +344,8 @@ class MemoryStreamProducer(SharedStreamProducer):
         return position.partition
 
     def get_event_id(self, broker_payload: Any) -> Hashable:
-        """``(partition, offset)``: a record's identity within the topic (SPEC §13).
+        """``(partition, offset)``: a record's identity within the topic
+        (docs/concepts.md#redelivery-memory).
 
         A held partition is sought back and delivers its later records again; a
         subscriber that acked one of them already is not handed the copy.

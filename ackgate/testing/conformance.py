@@ -189,7 +189,7 @@ async def check_failed_is_redelivered(harness: BrokerHarness) -> None:
         assert set(seen) == bodies, sid
     # Handed out again to the crasher. The others get the copy too unless the adapter
     # names its events (get_event_id, or ids in its batches): then it passes them,
-    # as they acked it already (SPEC §13).
+    # as they acked it already (docs/concepts.md#redelivery-memory).
     assert Counter(run.seen[SUBSCRIBERS[0]])[victim] >= 2
 
 

@@ -1,4 +1,5 @@
-"""SPEC §8: bound outputs resolved later — confirm, reject or fail — and reasons."""
+"""docs/concepts.md#deferred-resolution: bound outputs resolved later — confirm, reject or fail —
+and reasons."""
 
 from __future__ import annotations
 

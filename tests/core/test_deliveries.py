@@ -1,5 +1,6 @@
 """``DeliveryCounts``: deliveries per event id for producers whose broker counts none
-(``Message.attempt``, SPEC §14), bounded by forgetting the oldest ids."""
+(``Message.attempt``, docs/failure-semantics.md#poison-messages), bounded by forgetting the
+oldest ids."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""SPEC §11: moving a ``FakeClock`` fires every ack timeout that falls due, then."""
+"""docs/testing.md#fakeclock: moving a ``FakeClock`` fires every ack timeout that falls due,
+then."""
 
 from __future__ import annotations
 

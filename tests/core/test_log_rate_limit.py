@@ -1,5 +1,5 @@
-"""``ackgate run``'s log rate limiting (SPEC §16): one line per logger and message
-template per interval, with a count of what was suppressed."""
+"""``ackgate run``'s log rate limiting (docs/failure-semantics.md#broker-outages): one line per
+logger and message template per interval, with a count of what was suppressed."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""SPEC §9: a group holds at most ``max_outstanding`` events broadcast and not advanced."""
+"""docs/production.md#max_outstanding: a group holds at most ``max_outstanding`` events broadcast
+and not advanced."""
 
 from __future__ import annotations
 

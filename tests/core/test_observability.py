@@ -1,4 +1,4 @@
-"""SPEC §5: logging and stats()."""
+"""docs/production.md#traces-and-logs: logging and stats()."""
 
 from __future__ import annotations
 

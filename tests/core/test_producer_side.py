@@ -1,4 +1,4 @@
-"""SPEC §2: the producer contract, as seen from ackgate's side."""
+"""docs/writing-an-adapter.md#1-the-producer: the producer contract, as seen from ackgate's side."""
 
 from __future__ import annotations
 

@@ -79,7 +79,8 @@ async def test_a_crash_fails_the_last_event_and_the_timeout_fails_the_rest(
         await anext(other)
     moved_on = asyncio.create_task(anext(other))  # "other" is done with all three
     await turn()
-    assert producer.batches == []  # e0, e1 wait for the crashed one's tickets (SPEC §3)
+    # e0, e1 wait for the crashed one's tickets (docs/concepts.md#window)
+    assert producer.batches == []
     clock.advance(61.0)
     await producer.wait_advanced(3)
     assert all(o == AdvanceOutcome(1, 1, 0) for o in outcomes(producer).values())

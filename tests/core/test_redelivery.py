@@ -1,4 +1,5 @@
-"""SPEC §13: a redelivered event is not handed again to who already acked it."""
+"""docs/concepts.md#redelivery-memory: a redelivered event is not handed again to who already acked
+it."""
 
 from __future__ import annotations
 

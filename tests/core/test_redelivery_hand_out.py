@@ -1,4 +1,5 @@
-"""SPEC §13, last paragraph: the check is made again when a copy is handed out.
+"""docs/concepts.md#redelivery-memory, last paragraph: the check is made again when a copy is handed
+out.
 
 A subscriber still working through its queue when a redelivered copy was broadcast
 (it had not acked the earlier copy yet) is not handed the copy once it has acked

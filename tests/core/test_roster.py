@@ -1,4 +1,5 @@
-"""SPEC §7: declared handlers (roster). No event is advanced without every member."""
+"""docs/concepts.md#snapshot-and-roster: declared handlers (roster). No event is advanced without
+every member."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SPEC §4: run_subscriber."""
+"""docs/concepts.md#deferred-resolution: run_subscriber."""
 
 from __future__ import annotations
 

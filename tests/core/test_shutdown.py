@@ -1,5 +1,6 @@
-"""SPEC §2, §3: how a group stops — no advance overlaps or outlives it, the
-producer's ``finally`` runs to its end, and a stopped group is freed."""
+"""docs/writing-an-adapter.md#1-the-producer, docs/concepts.md#window: how a group stops — no
+advance overlaps or outlives it, the producer's ``finally`` runs to its end, and a stopped group is
+freed."""
 
 from __future__ import annotations
 
@@ -191,8 +192,8 @@ async def test_a_stopped_group_with_an_unconfirmed_output_is_freed(stop: str) ->
 
 
 async def test_advances_survive_their_workers_cancellation() -> None:
-    """SPEC §15: asyncio.run() cancels every task when main() ends, the advance workers
-    included; the group's stop still advances what was resolved, and returns."""
+    """docs/production.md#handler-mistakes: asyncio.run() cancels every task when main() ends, the
+    advance workers included; the group's stop still advances what was resolved, and returns."""
     producer = ScriptedProducer(lane=lambda payload: payload)
     for n in range(3):
         producer.feed(b"%d" % n, n)

@@ -1,8 +1,9 @@
 """Random interleavings of everything that can happen to a group, checked after every step.
 
-A model predicts, for every event, exactly which subscribers are in its snapshot
-and how each resolves it; the producer checks every advance against the model
-when it is called. Invariants (SPEC §2, §3, §6):
+A model predicts, for every event, exactly which subscribers are in its snapshot and how each
+resolves it; the producer checks every advance against the model when it is called. Invariants
+(docs/writing-an-adapter.md#1-the-producer, docs/concepts.md#window,
+docs/concepts.md#the-guarantee):
 
 * advances within a lane come in fan-out order, each batch is a contiguous
   prefix of one lane, and no event is advanced twice;
@@ -10,13 +11,13 @@ when it is called. Invariants (SPEC §2, §3, §6):
   with outcome counts equal to the model's (so they sum to the snapshot size);
 * at most one advance in flight per lane and at most ``max_concurrent_advances``
   overall; nothing is advanced after an advance raised;
-* outputs resolved later (§8): ``confirm_persisted``, ``reject_bound`` and
+* outputs resolved later (deferred resolution): ``confirm_persisted``, ``reject_bound`` and
   ``fail_bound`` resolve the bound event for its subscriber, the first one wins,
   and each outcome's ``reasons`` are the rejecting subscribers' reasons in
   subscription order;
-* §9: at most ``max_outstanding`` events are broadcast and not advanced; the poll
+* the memory bound: at most ``max_outstanding`` events are broadcast and not advanced; the poll
   pulls an event only while below it, and is never held back while below it;
-* §11: moving the fake clock expires what fell due, with no pull or broadcast;
+* the fake clock: moving the fake clock expires what fell due, with no pull or broadcast;
 * batches (``pull_batch``): a subscriber takes up to ``n`` queued events under one
   number and holds the ``BoundBatch``; later ``confirm_persisted`` acks every event
   of it, ``reject_bound`` / ``fail_bound`` resolve those not resolved yet,
@@ -25,7 +26,7 @@ when it is called. Invariants (SPEC §2, §3, §6):
   the model predicts every event's outcome exactly, as for single outputs;
 * the batch poll: a group's producer (drawn per group) yields single events or
   ``EventBatch`` es of one lane (``open_stream_batches``); every event of a batch
-  must be broadcast exactly as if yielded alone (snapshots, overflow, §9), which
+  must be broadcast exactly as if yielded alone (snapshots, overflow, the memory bound), which
   the model checks when the group reads it (``RawEvents``);
 * runs: the group reads each run of a batch as one slice of its raw events (the
   model records the runs there); every event of a run is still handled exactly as if
@@ -70,7 +71,7 @@ from ackgate.testing import FakeClock, ScriptedProducer
 
 EXAMPLES = int(os.environ.get("ACKGATE_HYPOTHESIS_EXAMPLES", "2000"))
 # Ack timeout in fake seconds. The fake clock drives every expiry: moving it fires
-# each group's timer (SPEC §11), and pulls and broadcasts notice it too.
+# each group's timer (docs/testing.md#fakeclock), and pulls and broadcasts notice it too.
 ACK_TIMEOUT = 1e6
 #: The smallest queue a run draws (``queue_size``): with 8 the batch poll (``batched``)
 #: broadcasts two events per run between its loop turns, with 3 one.

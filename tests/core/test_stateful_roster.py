@@ -1,4 +1,5 @@
-"""Random interleavings on a rostered group whose broker redelivers (SPEC §7, §13).
+"""Random interleavings on a rostered group whose broker redelivers
+(docs/concepts.md#snapshot-and-roster, docs/concepts.md#redelivery-memory).
 
 The main user's one non-negotiable, checked after every step: the broker never
 moves past an event unless every declared handler acked or rejected it. Concretely:
@@ -7,12 +8,12 @@ moves past an event unless every declared handler acked or rejected it. Concrete
   (``acked + failed + rejected == len(ROSTER)``), so an event no member failed was
   acked or rejected by each of them;
 * a subscriber is counted ``acked`` for a copy only if it was handed that copy, or
-  acked an earlier copy of the same event id in this group (redelivery, §13): the
+  acked an earlier copy of the same event id in this group (the redelivery memory): the
   ``acked`` count never exceeds the members that were handed the copy or an earlier
   copy they did not reject or crash on;
 * a member is never handed a copy of an event id it certainly acked in this group
   (a window closed with every output bound to it confirmed, a batch confirmed):
-  §13 checks at the broadcast and again at the hand-out, on every path;
+  The redelivery memory checks at the broadcast and again at the hand-out, on every path;
 * a paused group broadcasts nothing: while a member is missing or force-failed,
   the number of broadcast events does not grow;
 * ``GroupStats.missing`` names at least every member that is not attached.
@@ -22,14 +23,13 @@ and hold them, to be confirmed, rejected, failed or partly rejected
 (``reject_in_batch``) later, and a run's broker (drawn once) delivers single copies
 or ``EventBatch`` es of one lane with their event ids (``open_stream_batches``).
 
-And *liveness*, from whatever state a rule reaches (``everyone_keeps_pulling``):
-once every member is attached and healthy and all of them keep pulling (and confirm
-what they bound), the group makes progress within a bounded number of pulls: the
-poll broadcasts every copy the broker delivers, each member is handed the new
-events, and every event broadcast before is advanced. It is driven twice, the
-second time with redelivered copies every member acked (§13: handed to nobody), the
-case where a poll waiting for room was once never woken; some members may take
-what is queued in batches, confirmed at once.
+And *liveness*, from whatever state a rule reaches (``everyone_keeps_pulling``): once every member
+is attached and healthy and all of them keep pulling (and confirm what they bound), the group makes
+progress within a bounded number of pulls: the poll broadcasts every copy the broker delivers, each
+member is handed the new events, and every event broadcast before is advanced. It is driven twice,
+the second time with redelivered copies every member acked (the redelivery memory: handed to
+nobody), the case where a poll waiting for room was once never woken; some members may take what is
+queued in batches, confirmed at once.
 
 ``ACKGATE_HYPOTHESIS_EXAMPLES`` sets the number of examples (default 2000; this
 machine runs a quarter of them).
@@ -138,10 +138,10 @@ class RosterMachine(RuleBasedStateMachine):
         self.paused_broadcasts: int | None = None
         #: Members whose last pull raised (force-failed): a supervisor re-subscribes them.
         self.failed: set[str] = set()
-        # What each member certainly acked (§13: it is never handed a copy of it again).
-        # Kept only while exact: an ack timeout (``clock_advances``) may force-fail a
-        # member or a departed subscription, which fails what they owe, so every ack
-        # still in the making is forgotten then (what is recorded stays: acks stand).
+        # What each member certainly acked (the redelivery memory: it is never handed a copy of it
+        # again). Kept only while exact: an ack timeout (``clock_advances``) may force-fail a member
+        # or a departed subscription, which fails what they owe, so every ack still in the making is
+        # forgotten then (what is recorded stays: acks stand).
         #: Per member: event ids it certainly acked in this group.
         self.acked: dict[str, set[int]] = {name: set() for name in ROSTER}
         #: Per member: the single copy it is on, whose window closing acks it once
@@ -205,7 +205,7 @@ class RosterMachine(RuleBasedStateMachine):
     def check_hand_out(self, name: str, copies: Sequence[tuple[int, int]]) -> None:
         acked = self.acked[name]
         again = [copy for copy in copies if copy[0] in acked]
-        assert not again, f"§13: {name} was handed {again}, copies of ids it acked"
+        assert not again, f"redelivery memory: {name} was handed {again}, copies of ids it acked"
 
     # -- checks --------------------------------------------------------------------
 
@@ -542,7 +542,7 @@ class RosterMachine(RuleBasedStateMachine):
         what = f"redelivered copies {again} that every member acked"
         self.drive([*again, newer], what, batchers)
         handed = {name: sorted(self.handed[name] & set(again)) for name in ROSTER}
-        assert not any(handed.values()), f"§13: acked copies handed again: {handed}"
+        assert not any(handed.values()), f"redelivery memory: acked copies handed again: {handed}"
 
     def fresh_id(self) -> int:
         self.fresh_ids += 1

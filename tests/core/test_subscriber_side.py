@@ -1,4 +1,4 @@
-"""SPEC §3: subscribing, windows, binding, rejecting, leaving."""
+"""docs/concepts.md#window: subscribing, windows, binding, rejecting, leaving."""
 
 from __future__ import annotations
 

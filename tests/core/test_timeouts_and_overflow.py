@@ -1,4 +1,4 @@
-"""SPEC §3: ack timeout, bounded queues, overflow="block"."""
+"""docs/concepts.md#window: ack timeout, bounded queues, overflow="block"."""
 
 from __future__ import annotations
 

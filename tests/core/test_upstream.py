@@ -1,5 +1,5 @@
-"""SPEC §16 outages, the core's part: a producer reports its broker lost and back;
-the group logs one WARNING and one INFO per outage and shows it in ``GroupStats``."""
+"""docs/failure-semantics.md#broker-outages outages, the core's part: a producer reports its broker
+lost and back; the group logs one WARNING and one INFO per outage and shows it in ``GroupStats``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Shared fixtures of the Service tests (SPEC §12): fixtures, not imports, so the test
-modules need no package and work under ``--import-mode=importlib``."""
+"""Shared fixtures of the Service tests (docs/production.md#service-options): fixtures, not imports,
+so the test modules need no package and work under ``--import-mode=importlib``."""
 
 from __future__ import annotations
 

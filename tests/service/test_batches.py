@@ -1,6 +1,6 @@
-"""SPEC §12 batch handlers: up to batch_size messages in stream order, batch_wait after
-the first at the latest; None acks all, a dict rejects some, Reject rejects all, other
-exceptions retry the batch, then fail all."""
+"""docs/production.md#service-options batch handlers: up to batch_size messages in stream order,
+batch_wait after the first at the latest; None acks all, a dict rejects some, Reject rejects all,
+other exceptions retry the batch, then fail all."""
 
 from __future__ import annotations
 

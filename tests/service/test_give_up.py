@@ -1,7 +1,7 @@
-"""SPEC §14 poison messages: ``Message.attempt`` counts deliveries, ``give_up_after``
-turns a failure at that attempt into a reject (dead-lettered, the stream moves on),
-a message handed past it without ever being resolved is given up without a call, and
-a service whose producer cannot dead-letter refuses to start with the option set."""
+"""docs/failure-semantics.md#poison-messages poison messages: ``Message.attempt`` counts deliveries,
+``give_up_after`` turns a failure at that attempt into a reject (dead-lettered, the stream moves
+on), a message handed past it without ever being resolved is given up without a call, and a service
+whose producer cannot dead-letter refuses to start with the option set."""
 
 from __future__ import annotations
 

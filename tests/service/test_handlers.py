@@ -1,5 +1,6 @@
-"""SPEC §12 per-message handlers: returning acks, Reject rejects (with its reason, never
-retried), other exceptions are retried then fail; failures are logged without bodies."""
+"""docs/production.md#service-options per-message handlers: returning acks, Reject rejects (with its
+reason, never retried), other exceptions are retried then fail; failures are logged without
+bodies."""
 
 from __future__ import annotations
 
@@ -198,8 +199,8 @@ async def test_reject_shared_stream_event_from_a_handler_rejects_nothing(
 async def test_a_failure_is_redelivered_to_the_failing_handler_only(
     running: Any, broker: MemoryBroker, memory_producer: Callable[[], MemoryStreamProducer]
 ) -> None:
-    """SPEC §13 through a Service: the held partition is sought back and its records
-    come again, but the healthy handler, which acked them, is not handed them."""
+    """docs/concepts.md#redelivery-memory through a Service: the held partition is sought back and
+    its records come again, but the healthy handler, which acked them, is not handed them."""
     for n in range(20):
         broker.publish("orders", b"%d" % n, key="one key")  # one partition
     service = Service("orders", producer=memory_producer)
@@ -232,11 +233,11 @@ async def test_a_failure_is_redelivered_to_the_failing_handler_only(
 async def test_a_handler_behind_the_redelivery_point_is_not_handed_what_it_acked_since(
     running: Any, broker: MemoryBroker, memory_producer: Callable[[], MemoryStreamProducer]
 ) -> None:
-    """SPEC §13 at hand-out: the healthy handler is on message 10 when the copies of
-    5..99 come. It had acked 5..9 (skipped when the copies come); it acks 10..99 only
-    after, and a copy it reaches once it acked the original is skipped too. Only the
-    copies it pulled while still holding their originals (its read-ahead, at most
-    ``_MIN_HELD_MESSAGES``) are handed to it again."""
+    """docs/concepts.md#redelivery-memory at hand-out: the healthy handler is on message 10 when the
+    copies of 5..99 come. It had acked 5..9 (skipped when the copies come); it acks 10..99 only
+    after, and a copy it reaches once it acked the original is skipped too. Only the copies it
+    pulled while still holding their originals (its read-ahead, at most ``_MIN_HELD_MESSAGES``) are
+    handed to it again."""
     count = 100
     for n in range(count):
         broker.publish("orders", b"%d" % n, key="one key")  # one partition

@@ -1,7 +1,7 @@
-"""SPEC §17 health endpoints of ``ackgate run --health-port``, over real HTTP against the
-command as a subprocess: ``/readyz`` goes to 503 when a roster member is missing and
-when the broker is down, and back to 200; ``/livez`` fails while the loop is blocked.
-Metrics: ``--metrics-port`` scraped over HTTP and parsed as Prometheus text."""
+"""docs/production.md#watching-it health endpoints of ``ackgate run --health-port``, over real HTTP
+against the command as a subprocess: ``/readyz`` goes to 503 when a roster member is missing and
+when the broker is down, and back to 200; ``/livez`` fails while the loop is blocked. Metrics:
+``--metrics-port`` scraped over HTTP and parsed as Prometheus text."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""SPEC §12: Message, to_message (the default and the memory adapter's), and the
-service converting each event once, in the poll, before fan-out."""
+"""docs/production.md#service-options: Message, to_message (the default and the memory adapter's),
+and the service converting each event once, in the poll, before fan-out."""
 
 from __future__ import annotations
 

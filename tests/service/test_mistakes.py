@@ -1,7 +1,7 @@
-"""SPEC §15: handler mistakes are never silent. A handler used without parentheses, with
-a signature that cannot take a message, returning a value, raising CancelledError,
-KeyboardInterrupt or SystemExit: each is refused or handled without losing a message,
-and the error names the handler and the mistake."""
+"""docs/production.md#handler-mistakes: handler mistakes are never silent. A handler used without
+parentheses, with a signature that cannot take a message, returning a value, raising CancelledError,
+KeyboardInterrupt or SystemExit: each is refused or handled without losing a message, and the error
+names the handler and the mistake."""
 
 from __future__ import annotations
 

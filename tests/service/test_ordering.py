@@ -1,5 +1,5 @@
-"""SPEC §12 concurrency and ordering: at most N calls at once; "lane" one at a time per
-lane in stream order, "key" one at a time per key, "none" up to the cap."""
+"""docs/production.md#service-options concurrency and ordering: at most N calls at once; "lane" one
+at a time per lane in stream order, "key" one at a time per key, "none" up to the cap."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""SPEC §16 permanent errors: an exception of the producer factory itself is raised by
-``run()`` instead of being retried; ``restart_limit`` bounds restarts in a row that
-advanced nothing; errors of an open stream are still restarted."""
+"""docs/failure-semantics.md#broker-outages permanent errors: an exception of the producer factory
+itself is raised by ``run()`` instead of being retried; ``restart_limit`` bounds restarts in a row
+that advanced nothing; errors of an open stream are still restarted."""
 
 from __future__ import annotations
 

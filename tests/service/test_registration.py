@@ -1,4 +1,5 @@
-"""SPEC §12: Service(...) and @service.handler(...) arguments, and the run() lifecycle."""
+"""docs/production.md#service-options: Service(...) and @service.handler(...) arguments, and the
+run() lifecycle."""
 
 from __future__ import annotations
 

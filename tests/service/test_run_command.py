@@ -1,9 +1,9 @@
-"""SPEC §12 and §16 CLI: ``ackgate run MODULE:ATTR`` as a subprocess, one test per row
-of its exit-code table. SIGTERM stops gracefully (exit 0, every finished message
-committed, nothing else); a second signal stops at once (1); a service that fails
-(its producer factory raised, ``--max-restarts`` reached) or a module that raises
-while imported exits 1 with one line and no traceback, the other services stopped
-gracefully first; a bad command line or target exits 2 with one line."""
+"""docs/production.md#service-options and docs/failure-semantics.md#broker-outages CLI: ``ackgate
+run MODULE:ATTR`` as a subprocess, one test per row of its exit-code table. SIGTERM stops gracefully
+(exit 0, every finished message committed, nothing else); a second signal stops at once (1); a
+service that fails (its producer factory raised, ``--max-restarts`` reached) or a module that raises
+while imported exits 1 with one line and no traceback, the other services stopped gracefully first;
+a bad command line or target exits 2 with one line."""
 
 from __future__ import annotations
 

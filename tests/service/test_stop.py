@@ -1,6 +1,6 @@
-"""SPEC §12 stop(timeout): graceful; no new message is handed to a handler, calls in
-progress get up to ``timeout``, what finished is advanced, the rest is redelivered, the
-producer is closed and run() returns. Cancelling run() is a hard stop."""
+"""docs/production.md#service-options stop(timeout): graceful; no new message is handed to a
+handler, calls in progress get up to ``timeout``, what finished is advanced, the rest is
+redelivered, the producer is closed and run() returns. Cancelling run() is a hard stop."""
 
 from __future__ import annotations
 

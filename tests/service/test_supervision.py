@@ -1,5 +1,5 @@
-"""SPEC §12 supervision: a group that ends is restarted after a capped exponential
-backoff and nothing is lost across it; a handler force-failed by the ack timeout is
+"""docs/production.md#service-options supervision: a group that ends is restarted after a capped
+exponential backoff and nothing is lost across it; a handler force-failed by the ack timeout is
 subscribed again at once."""
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ async def test_a_handler_force_failed_by_the_ack_timeout_is_subscribed_again_at_
 
     async with running(service):
         await hung.wait()
-        clock.advance(11.0)  # SPEC §11: the ack timeout fires now
+        clock.advance(11.0)  # docs/testing.md#fakeclock: the ack timeout fires now
         await cancelled.wait()  # the stuck call is cancelled ...
         await broker.wait_drained("orders", "svc")  # ... and the message redelivered
     assert service.stats().restarts == 0  # the group never ended

@@ -1,6 +1,6 @@
-"""SPEC §17 metrics and traces through the OpenTelemetry SDK's in-memory reader and
-exporter: every instrument after a known run, exact counts; a handler span continues
-the message's ``traceparent``; logs inside a handler carry the ids."""
+"""docs/production.md#watching-it metrics and traces through the OpenTelemetry SDK's in-memory
+reader and exporter: every instrument after a known run, exact counts; a handler span continues the
+message's ``traceparent``; logs inside a handler carry the ids."""
 
 from __future__ import annotations
 

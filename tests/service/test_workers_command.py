@@ -1,5 +1,5 @@
-"""SPEC §17 ``ackgate run --workers``: a worker that exits 2 (a bad target: every restart
-would fail the same way) stops them all and the parent exits 2, instead of restarting
+"""docs/production.md#watching-it ``ackgate run --workers``: a worker that exits 2 (a bad target:
+every restart would fail the same way) stops them all and the parent exits 2, instead of restarting
 it forever. (Workers on a broker: tests/adapters/kafka/test_kafka_workers.py.)"""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""A Service that dies on one message, for the crash-loop test (SPEC §14).
+"""A Service that dies on one message, for the crash-loop test
+(docs/failure-semantics.md#poison-messages).
 
     python crashloop_consumer.py BOOTSTRAP TOPIC GROUP DLQ WORKDIR POISON [GIVE_UP_AFTER]
 

@@ -1,5 +1,6 @@
-"""A three-handler ``ackgate.Service`` on Kafka for the broker outage test (SPEC §16),
-run with ``ackgate run outage_service:service`` from this directory.
+"""A three-handler ``ackgate.Service`` on Kafka for the broker outage test
+(docs/failure-semantics.md#broker-outages), run with ``ackgate run outage_service:service`` from
+this directory.
 
 Configured by the environment: ``OUTAGE_BOOTSTRAP``, ``OUTAGE_TOPIC``,
 ``OUTAGE_GROUP``, ``OUTAGE_WORKDIR`` and ``OUTAGE_WORK_SECONDS`` (time the indexer

@@ -1,4 +1,5 @@
-"""SPEC §14 on genuine Kafka: ``Message.attempt`` and the offset map in commit metadata.
+"""docs/failure-semantics.md#poison-messages on genuine Kafka: ``Message.attempt`` and the offset
+map in commit metadata.
 
 * attempts count up across redeliveries within one life;
 * what a life finished past a held offset is not delivered again by the next one;
@@ -89,7 +90,8 @@ async def test_attempts_count_up_across_redeliveries_within_a_life(
     await run_until_committed(service, kafka, group, topic)
     assert [a for o, a in seen["flaky"] if o == 2] == [1, 2, 3]
     assert all(a == 1 for o, a in seen["flaky"] if o != 2)
-    # The steady handler acked 2 the first time: never handed it again (SPEC §13).
+    # The steady handler acked 2 the first time: never handed it again
+    # (docs/concepts.md#redelivery-memory).
     assert seen["steady"] == [(o, 1) for o in range(6)]
 
 

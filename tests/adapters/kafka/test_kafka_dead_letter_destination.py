@@ -1,6 +1,6 @@
-"""SPEC §14: a Kafka producer can take ``give_up_after`` only with ``dlq_topic``
-(without it a rejected event is committed past with a log line, so a service with
-the option refuses to start on it). No broker needed: nothing connects here."""
+"""docs/failure-semantics.md#poison-messages: a Kafka producer can take ``give_up_after`` only with
+``dlq_topic`` (without it a rejected event is committed past with a log line, so a service with the
+option refuses to start on it). No broker needed: nothing connects here."""
 
 from __future__ import annotations
 

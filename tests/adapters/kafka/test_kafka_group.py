@@ -121,7 +121,7 @@ async def test_rejects_land_in_dlq_and_failed_event_is_redelivered(
             await stop(tasks)
 
     # Nothing lost for the subscribers that never left; the failed event came back to
-    # the crasher only: the others had acked it (SPEC §13, get_event_id).
+    # the crasher only: the others had acked it (docs/concepts.md#redelivery-memory, get_event_id).
     assert set(plain) == set(picky) == set(range(count))
     assert Counter(crasher)[crash_at] >= 2
     assert Counter(plain)[crash_at] == Counter(picky)[crash_at] == 1

@@ -1,4 +1,5 @@
-"""to_message (SPEC §12) and get_event_id (§13) on records fetched from the real broker."""
+"""to_message (docs/production.md#service-options) and get_event_id
+(docs/concepts.md#redelivery-memory) on records fetched from the real broker."""
 
 from __future__ import annotations
 

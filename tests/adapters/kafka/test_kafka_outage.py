@@ -1,6 +1,6 @@
-"""SPEC §16 on genuine Kafka: the broker SIGKILLed for a while and started again on the
-same storage and port, twice, in the middle of a run of a three-handler Service under
-``ackgate run``. The service must ride out both outages by itself.
+"""docs/failure-semantics.md#broker-outages on genuine Kafka: the broker SIGKILLed for a while and
+started again on the same storage and port, twice, in the middle of a run of a three-handler Service
+under ``ackgate run``. The service must ride out both outages by itself.
 
 The broker is the test's own (``LocalKafkaBroker``: it is killed, so it cannot be the
 session's). The consumer is ``ackgate run outage_service:service`` in a subprocess.

@@ -199,7 +199,8 @@ async def test_reject_goes_to_dlq_with_headers_before_commit(kafka: KafkaTestClu
 
 
 def rejected_for(*reasons: str) -> AdvanceOutcome:
-    """An outcome rejected by ``len(reasons)`` of 3 subscribers, with SPEC §8 reasons."""
+    """An outcome rejected by ``len(reasons)`` of 3 subscribers, with
+    docs/concepts.md#deferred-resolution reasons."""
     return AdvanceOutcome(acked=3 - len(reasons), failed=0, rejected=len(reasons), reasons=reasons)
 
 

@@ -1,4 +1,5 @@
-"""SPEC §13 on genuine Kafka: a redelivery goes only to the handlers that did not handle it.
+"""docs/concepts.md#redelivery-memory on genuine Kafka: a redelivery goes only to the handlers that
+did not handle it.
 
 A handler that fails an event holds its partition; the adapter seeks back and fetches
 everything from there again. ``get_event_id`` (``(topic, partition, offset)``) lets the
@@ -161,10 +162,10 @@ async def test_flaky_handler_costs_the_healthy_ones_few_duplicates(
 async def test_healthy_handlers_behind_a_redelivery_point_are_not_handed_the_copies(
     kafka: KafkaTestCluster,
 ) -> None:
-    """SPEC §13 at hand-out. The healthy handlers await a store per message, so they
-    run behind the poll: when ``b`` fails a message and its partition is fetched
-    again from there, the originals after it are still queued for them. They ack
-    those after the copies were broadcast, and must not be handed the copies then.
+    """docs/concepts.md#redelivery-memory at hand-out. The healthy handlers await a store per
+    message, so they run behind the poll: when ``b`` fails a message and its partition is fetched
+    again from there, the originals after it are still queued for them. They ack those after the
+    copies were broadcast, and must not be handed the copies then.
 
     5,000 messages over 3 partitions, ``b`` fails 0.5 % of its calls and subscribes
     again at once: at most 1 % duplicates for ``a`` and ``c``, nothing lost.

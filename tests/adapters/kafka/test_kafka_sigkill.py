@@ -1,5 +1,5 @@
-"""SPEC §14 on genuine Kafka, bounded: a three-handler Service killed with SIGKILL while
-1 % of messages fail for the broker once (held, then redelivered).
+"""docs/failure-semantics.md#poison-messages on genuine Kafka, bounded: a three-handler Service
+killed with SIGKILL while 1 % of messages fail for the broker once (held, then redelivered).
 
 Runs ``benchmarks/kafka_sigkill.py`` at a small size (2,000 messages, 2 kills); the
 full size (10,000 messages, 5 kills) is run by hand. Every handler must have handled

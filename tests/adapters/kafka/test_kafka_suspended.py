@@ -1,4 +1,5 @@
-"""SPEC §10 on genuine Kafka: a stream suspended at a yield stays in the consumer group.
+"""docs/writing-an-adapter.md#1-the-producer on genuine Kafka: a stream suspended at a yield stays
+in the consumer group.
 
 Every test uses ``max_poll_interval_ms=3000`` and suspends the stream far longer. Without
 the adapter's keeper, aiokafka leaves the group after 3 s: the partitions are revoked

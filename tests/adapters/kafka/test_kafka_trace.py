@@ -1,6 +1,6 @@
-"""SPEC §17 traces on genuine Kafka: a producer writes ``traceparent`` as a record
-header; the Service handler's span continues that trace (same trace id, the producer's
-span its parent) and a log record written inside the handler carries both ids."""
+"""docs/production.md#watching-it traces on genuine Kafka: a producer writes ``traceparent`` as a
+record header; the Service handler's span continues that trace (same trace id, the producer's span
+its parent) and a log record written inside the handler carries both ids."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""SPEC §17 ``ackgate run --workers 2`` on genuine Kafka, 4 partitions: the workers share
-the partitions through the consumer group; a worker killed with SIGKILL is started
-again and nothing is lost; SIGTERM stops both gracefully, committing only what was
-handled; the parent's ``/readyz`` answers for both."""
+"""docs/production.md#watching-it ``ackgate run --workers 2`` on genuine Kafka, 4 partitions: the
+workers share the partitions through the consumer group; a worker killed with SIGKILL is started
+again and nothing is lost; SIGTERM stops both gracefully, committing only what was handled; the
+parent's ``/readyz`` answers for both."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""``Message.attempt`` on the memory broker (SPEC §14): the broker counts the
-deliveries of each record to a consumer group, across the group's producers."""
+"""``Message.attempt`` on the memory broker (docs/failure-semantics.md#poison-messages): the broker
+counts the deliveries of each record to a consumer group, across the group's producers."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""SPEC §14 on Pub/Sub: ``Message.attempt`` counts up across redeliveries (Pub/Sub's
-``delivery_attempt`` under a dead-letter policy, the producer's own count without
-one), and a message that always fails is published to ``dlq_topic`` after
-``give_up_after`` attempts, with the reason, and nothing else is lost."""
+"""docs/failure-semantics.md#poison-messages on Pub/Sub: ``Message.attempt`` counts up across
+redeliveries (Pub/Sub's ``delivery_attempt`` under a dead-letter policy, the producer's own count
+without one), and a message that always fails is published to ``dlq_topic`` after ``give_up_after``
+attempts, with the reason, and nothing else is lost."""
 
 from __future__ import annotations
 

@@ -237,7 +237,8 @@ async def test_a_failed_event_comes_back_promptly(pubsub: PubSubAdmin) -> None:
         calm = manager.subscribe(KEY, "calm", producer=lambda: producer, roster=roster)
         async with asyncio.timeout(30):
             await asyncio.gather(crash_then_retry(), read(calm))
-    # The copy goes to the handler that crashed alone: "calm" acked the first (SPEC §13).
+    # The copy goes to the handler that crashed alone: "calm" acked the first
+    # (docs/concepts.md#redelivery-memory).
     assert sorted(d for d in deliveries if d[1] == "x") == [
         ("calm", "x"),
         ("crasher", "x"),

@@ -1,5 +1,5 @@
-"""SPEC §16 on Pub/Sub: the endpoint goes away and comes back; the service recovers by
-itself.
+"""docs/failure-semantics.md#broker-outages on Pub/Sub: the endpoint goes away and comes back; the
+service recovers by itself.
 
 The emulator is the test's own (stopped and started again on the same port) and loses
 its topics and subscriptions when it stops, so the test creates them again once it is

@@ -1,6 +1,7 @@
-"""SPEC §10, §12 and §13 against the Pub/Sub emulator: a suspended producer keeps its
-leases, a redelivered copy goes only to the handler that failed it, and
-``to_message`` fills every field the Pub/Sub way."""
+"""docs/writing-an-adapter.md#1-the-producer, docs/production.md#service-options and
+docs/concepts.md#redelivery-memory against the Pub/Sub emulator: a suspended producer keeps its
+leases, a redelivered copy goes only to the handler that failed it, and ``to_message`` fills every
+field the Pub/Sub way."""
 
 from __future__ import annotations
 

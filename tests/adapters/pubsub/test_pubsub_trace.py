@@ -1,5 +1,5 @@
-"""SPEC §17 traces on the Pub/Sub emulator: ``traceparent`` as a message attribute; the
-handler's span continues the producer's trace and logs inside it carry the ids."""
+"""docs/production.md#watching-it traces on the Pub/Sub emulator: ``traceparent`` as a message
+attribute; the handler's span continues the producer's trace and logs inside it carry the ids."""
 
 from __future__ import annotations
 

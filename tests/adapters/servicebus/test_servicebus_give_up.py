@@ -1,6 +1,6 @@
-"""SPEC §14 on Service Bus (the fake broker): ``Message.attempt`` is ``delivery_count +
-1`` and counts up across redeliveries; a message that always fails is dead-lettered
-to the entity's dead-letter sub-queue after ``give_up_after`` attempts, with the
+"""docs/failure-semantics.md#poison-messages on Service Bus (the fake broker): ``Message.attempt``
+is ``delivery_count + 1`` and counts up across redeliveries; a message that always fails is
+dead-lettered to the entity's dead-letter sub-queue after ``give_up_after`` attempts, with the
 reason, before the entity's own MaxDeliveryCount, and nothing else is lost."""
 
 from __future__ import annotations

@@ -153,7 +153,8 @@ async def test_a_failed_event_is_abandoned_and_redelivered(bus: FakeServiceBus) 
     async with SharedStreamManager() as manager:
         steady = manager.subscribe("o", "steady", producer=make, roster=roster)
         retried, seen = await asyncio.gather(crash_then_retry(), consume(steady, 2))
-    # The copy goes to the handler that crashed alone: "steady" acked the first (SPEC §13).
+    # The copy goes to the handler that crashed alone: "steady" acked the first
+    # (docs/concepts.md#redelivery-memory).
     assert [(str(m), m.delivery_count) for m in seen] == [("m", 0), ("end", 0)]
     assert [(str(m), m.delivery_count) for m in retried] == [("m", 1), ("end", 0)]
     assert bus.ops("abandon") == [sequence_number]
@@ -244,7 +245,7 @@ async def test_a_renewal_failure_means_redelivery_not_settlement(
             await bus.wait_until(lambda: bus.ops("expire") == [sequence_number])
             # The next pull acks the first copy, whose lock is lost: not settled, the
             # broker redelivers. "a" acked an earlier copy, so the redelivered one is
-            # completed without being handed to it again (SPEC §13).
+            # completed without being handed to it again (docs/concepts.md#redelivery-memory).
             pulling = asyncio.ensure_future(anext(sub))
             await bus.wait_until(lambda: bus.ops("complete") == [sequence_number])
             assert not pulling.done()
@@ -273,7 +274,7 @@ async def test_a_settlement_error_is_logged_and_the_group_carries_on(
         sub = manager.subscribe("k", "a", producer=factory(bus))
         seen = await consume(sub, 2, until_the_copy_is_completed)
     # "a" acked m0 already: its redelivered copy is completed without a second
-    # handling (SPEC §13).
+    # handling (docs/concepts.md#redelivery-memory).
     assert [(str(m), m.delivery_count) for m in seen] == [("m0", 0), ("m1", 0)]
     assert sub.redeliveries_skipped == 1
     assert bus.ops("receive") == [first, second, first]

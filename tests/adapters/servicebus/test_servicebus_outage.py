@@ -1,5 +1,5 @@
-"""SPEC §16 on Service Bus (the fake broker): the namespace cannot be reached for a
-while; the service recovers by itself once it can.
+"""docs/failure-semantics.md#broker-outages on Service Bus (the fake broker): the namespace cannot
+be reached for a while; the service recovers by itself once it can.
 
 A receive that cannot reach the namespace ends the group (the adapter's choice:
 a new client on restart) and supervision starts it again; the outage is logged once

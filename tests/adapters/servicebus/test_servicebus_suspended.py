@@ -1,7 +1,7 @@
-"""SPEC §10, §12 and §13 against the fake Service Bus: a suspended producer keeps its
-locks, a message whose lock lapsed before it was received is not handed out, a
-redelivered copy goes only to the handler that failed it, and ``to_message`` fills
-every field the Service Bus way.
+"""docs/writing-an-adapter.md#1-the-producer, docs/production.md#service-options and
+docs/concepts.md#redelivery-memory against the fake Service Bus: a suspended producer keeps its
+locks, a message whose lock lapsed before it was received is not handed out, a redelivered copy goes
+only to the handler that failed it, and ``to_message`` fills every field the Service Bus way.
 
 Locks are real-time and short (1 s, renewed when under 0.6 s remain); the fake expires
 a lock on the first broker call after its time is up, and the tests make such calls

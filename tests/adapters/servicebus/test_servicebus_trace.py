@@ -1,5 +1,5 @@
-"""SPEC §17 traces on Service Bus (the fake broker): ``traceparent`` as an application
-property; the handler's span continues the producer's trace and logs carry the ids."""
+"""docs/production.md#watching-it traces on Service Bus (the fake broker): ``traceparent`` as an
+application property; the handler's span continues the producer's trace and logs carry the ids."""
 
 from __future__ import annotations
 

@@ -118,7 +118,8 @@ async def test_rejected_messages_reach_the_dead_letter_queue(sqs: SqsAdmin, way:
     bodies = [f"{'bad' if i % 4 == 0 else 'good'}-{i}" for i in range(20)]
     await sqs.send(url, bodies)
     bad = sorted(body for body in bodies if body.startswith("bad"))
-    # A redelivered copy goes only to who did not ack it (SPEC §13): "judge" again.
+    # A redelivered copy goes only to who did not ack it (docs/concepts.md#redelivery-memory):
+    # "judge" again.
     expected = {
         "judge": Counter({body: receives if body in bad else 1 for body in bodies}),
         "agree": Counter(bodies),
@@ -183,7 +184,7 @@ async def test_a_failed_event_comes_back_promptly(sqs: SqsAdmin) -> None:
         if raw["MessageId"] == message_id
     ]
     # The copy goes to the handler that crashed, not to "keep", which acked the first
-    # (SPEC §13).
+    # (docs/concepts.md#redelivery-memory).
     assert sorted(flaky) == [("crash", "1"), ("crash", "2"), ("keep", "1")]
 
 

@@ -1,6 +1,6 @@
-"""SPEC §14 on SQS: ``Message.attempt`` is the ``ApproximateReceiveCount``, a message
-that always fails is dead-lettered to ``dlq_queue_url`` after ``give_up_after``
-attempts, and the count survives a process stop (the crash loop)."""
+"""docs/failure-semantics.md#poison-messages on SQS: ``Message.attempt`` is the
+``ApproximateReceiveCount``, a message that always fails is dead-lettered to ``dlq_queue_url`` after
+``give_up_after`` attempts, and the count survives a process stop (the crash loop)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""SPEC §16 on SQS: the endpoint goes away and comes back; the service recovers by itself.
+"""docs/failure-semantics.md#broker-outages on SQS: the endpoint goes away and comes back; the
+service recovers by itself.
 
 moto's server is the test's own (it is stopped and started again on the same port) and
 loses its queues when it stops, so the test creates the queue again once it is back,

@@ -1,6 +1,7 @@
-"""SPEC §10, §12 and §13 against a real SQS server: a suspended producer keeps what it
-holds invisible, a redelivered copy goes only to the handler that failed it, and
-``to_message`` fills every field the SQS way."""
+"""docs/writing-an-adapter.md#1-the-producer, docs/production.md#service-options and
+docs/concepts.md#redelivery-memory against a real SQS server: a suspended producer keeps what it
+holds invisible, a redelivered copy goes only to the handler that failed it, and ``to_message``
+fills every field the SQS way."""
 
 from __future__ import annotations
 

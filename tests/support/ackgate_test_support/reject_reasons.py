@@ -1,4 +1,5 @@
-"""One message rejected with reasons by two of three subscribers (SPEC §8), end to end.
+"""One message rejected with reasons by two of three subscribers
+(docs/concepts.md#deferred-resolution), end to end.
 
 Shared by every adapter's end-to-end test of the dead-letter record's reasons: the
 scenario is the same on each broker, only how the record is read back differs.

@@ -1,5 +1,5 @@
-"""The dead-letter copy of a rejected Kafka record (SPEC §8 reasons in a header), and
-the connection options the DLQ producer shares with the consumer."""
+"""The dead-letter copy of a rejected Kafka record (docs/concepts.md#deferred-resolution reasons in
+a header), and the connection options the DLQ producer shares with the consumer."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ SHARED_CONNECTION_OPTIONS = frozenset(
 
 
 def reason(outcome: AdvanceOutcome, total: int) -> str:
-    """The ``ackgate.reason`` header: the count, then the subscribers' reasons (SPEC §8)."""
+    """The ``ackgate.reason`` header: the count, then the subscribers' reasons
+    (docs/concepts.md#deferred-resolution)."""
     summary = f"rejected by {outcome.rejected} of {total} subscribers"
     return f"{summary}: {'; '.join(outcome.reasons)}" if outcome.reasons else summary
 

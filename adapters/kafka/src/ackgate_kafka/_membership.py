@@ -1,4 +1,5 @@
-"""Keep the consumer in its group while ``open_stream`` is suspended at a ``yield`` (SPEC §10).
+"""Keep the consumer in its group while ``open_stream`` is suspended at a ``yield``
+(docs/writing-an-adapter.md#1-the-producer).
 
 aiokafka leaves the consumer group when no ``getmany`` call has been in progress for
 ``max_poll_interval_ms``. ackgate may leave the stream suspended at a ``yield`` for

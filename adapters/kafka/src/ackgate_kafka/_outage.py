@@ -1,4 +1,5 @@
-"""Notice when the Kafka cluster is unreachable, and when it is back (SPEC §16).
+"""Notice when the Kafka cluster is unreachable, and when it is back
+(docs/failure-semantics.md#broker-outages).
 
 aiokafka rides out a lost broker by itself: ``getmany`` keeps returning nothing,
 ``commit`` keeps retrying, and every failed retry is logged on aiokafka's loggers,

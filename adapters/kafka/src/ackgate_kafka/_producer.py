@@ -9,16 +9,15 @@ What each outcome does to the broker, per partition (the lane is ``(topic, parti
 
 * **acked** by every subscriber: committed past.
 * **rejected** by at least one subscriber (none failed): copied to ``dlq_topic`` with the
-  original key, value and headers plus ``ackgate.original.topic``,
-  ``ackgate.original.partition``, ``ackgate.original.offset`` and one
-  ``ackgate.reason`` header, and committed past only after the DLQ write is
-  acknowledged. ``ackgate.reason`` is ``"rejected by <r> of <n> subscribers"``, followed,
-  when rejecting subscribers gave reasons (SPEC §8), by ``": "`` and their
-  ``"<subscriber_id>: <reason>"`` entries joined with ``"; "`` (in subscription order;
-  not escaped: for people and logs, not for parsing). Without ``dlq_topic`` it
-  is committed past and a WARNING names its offset: the event is dropped on purpose.
-  The DLQ is at-least-once too: if the partition is revoked between the DLQ write and
-  the commit, the new owner redelivers the event and it may be dead-lettered again.
+  original key, value and headers plus ``ackgate.original.topic``, ``ackgate.original.partition``,
+  ``ackgate.original.offset`` and one ``ackgate.reason`` header, and committed past only after the
+  DLQ write is acknowledged. ``ackgate.reason`` is ``"rejected by <r> of <n> subscribers"``,
+  followed, when rejecting subscribers gave reasons (docs/concepts.md#deferred-resolution), by ``":
+  "`` and their ``"<subscriber_id>: <reason>"`` entries joined with ``"; "`` (in subscription order;
+  not escaped: for people and logs, not for parsing). Without ``dlq_topic`` it is committed past and
+  a WARNING names its offset: the event is dropped on purpose. The DLQ is at-least-once too: if the
+  partition is revoked between the DLQ write and the commit, the new owner redelivers the event and
+  it may be dead-lettered again.
 * **failed** by any subscriber, or broadcast to **zero** subscribers: *held*. The
   partition is committed up to just before it and sought back to it, so this process
   fetches it (and everything after it) again. Nothing past a held offset is committed
@@ -78,31 +77,28 @@ the last committed offset. Newly assigned partitions start from their committed
 offset (``auto_offset_reset`` defaults to ``"earliest"`` for a group with no commit,
 so nothing already in the topic is skipped; pass it to override).
 
-**Suspended at a yield (SPEC §10).** Backpressure (``overflow="block"``,
-``max_outstanding``) or a paused rostered group can leave :meth:`open_stream`
-suspended at a ``yield`` for any length of time, and aiokafka leaves the consumer
-group once no ``getmany`` has run for ``max_poll_interval_ms``. So a keeper task
-(one per producer, :mod:`ackgate_kafka._membership`) watches the time since the
-stream's last ``getmany`` ended; past a third of ``max_poll_interval_ms`` it pauses
-every assigned partition and calls ``getmany`` (200 ms timeout) on the stream's
-behalf, which returns nothing but keeps the consumer in the group: heartbeats,
-commits and rebalances go on as usual. Partitions assigned meanwhile are paused
-too; records that arrive anyway are sought back to, so none is skipped. Before its
-next fetch the stream wakes the keeper, waits for its ``getmany`` to return (never
-two at once) and the paused partitions are resumed; records fetched before the
-suspension are yielded as usual (or dropped as stale if a hold or revoke happened
-meanwhile, as above). The stream only checks the keeper once per fetch: nothing is
-added per record. A poll error while keeping ends the group at the stream's next
-fetch, as a poll error would. During a rebalance while suspended, the revoke drain
-still waits at most ``rebalance_drain_timeout`` for yielded events, which a paused
-group may not resolve in time: they are then redelivered to the new owner.
+**Suspended at a yield (docs/writing-an-adapter.md#1-the-producer).** Backpressure
+(``overflow="block"``, ``max_outstanding``) or a paused rostered group can leave :meth:`open_stream`
+suspended at a ``yield`` for any length of time, and aiokafka leaves the consumer group once no
+``getmany`` has run for ``max_poll_interval_ms``. So a keeper task (one per producer,
+:mod:`ackgate_kafka._membership`) watches the time since the stream's last ``getmany`` ended; past a
+third of ``max_poll_interval_ms`` it pauses every assigned partition and calls ``getmany`` (200 ms
+timeout) on the stream's behalf, which returns nothing but keeps the consumer in the group:
+heartbeats, commits and rebalances go on as usual. Partitions assigned meanwhile are paused too;
+records that arrive anyway are sought back to, so none is skipped. Before its next fetch the stream
+wakes the keeper, waits for its ``getmany`` to return (never two at once) and the paused partitions
+are resumed; records fetched before the suspension are yielded as usual (or dropped as stale if a
+hold or revoke happened meanwhile, as above). The stream only checks the keeper once per fetch:
+nothing is added per record. A poll error while keeping ends the group at the stream's next fetch,
+as a poll error would. During a rebalance while suspended, the revoke drain still waits at most
+``rebalance_drain_timeout`` for yielded events, which a paused group may not resolve in time: they
+are then redelivered to the new owner.
 
-**Identity and messages.** :meth:`~KafkaStreamProducer.get_event_id` is
-``(topic, partition, offset)``, so a copy fetched again after a hold is not handed to
-the subscribers that already acked it (SPEC §13): only those that failed it (or
-joined since) see it twice. :meth:`~KafkaStreamProducer.to_message` builds the
-``ackgate.Message`` a ``Service`` handler receives (tombstones, duplicate header
-names and the delivery count are described there).
+**Identity and messages.** :meth:`~KafkaStreamProducer.get_event_id` is ``(topic, partition,
+offset)``, so a copy fetched again after a hold is not handed to the subscribers that already acked
+it (docs/concepts.md#redelivery-memory): only those that failed it (or joined since) see it twice.
+:meth:`~KafkaStreamProducer.to_message` builds the ``ackgate.Message`` a ``Service`` handler
+receives (tombstones, duplicate header names and the delivery count are described there).
 
 **Errors.** A broker error while starting or polling ends the group: subscribers get
 ``StreamTerminated`` whose ``__cause__`` is a ``ConnectionError`` (cannot reach the

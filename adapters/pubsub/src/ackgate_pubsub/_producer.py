@@ -11,7 +11,7 @@ What each message's ``AdvanceOutcome`` does to the broker:
   the subscriber that did not handle the message gets it again.
 * **rejected** (nobody failed) -> with ``dlq_topic``: published there (data, attributes
   and ordering key, plus ``ackgate-source-subscription`` and ``ackgate-reason``:
-  "rejected by R of N subscribers", then each reason given (SPEC §8,
+  "rejected by R of N subscribers", then each reason given (docs/concepts.md#deferred-resolution,
   ``"<subscriber_id>: <reason>"``) separated by ``"; "``, cut to 1024 bytes), then
   acknowledged. Without ``dlq_topic``: nacked, so the subscription's own dead-letter
   policy moves it to its dead-letter topic after ``max_delivery_attempts`` (until then
@@ -31,25 +31,24 @@ settled. At most ``max_outstanding`` messages are held; beyond that the poll wai
 When the group ends, what was never settled is nacked in ``aclose``, so it comes back
 at once rather than when its lease runs out.
 
-Suspended at a ``yield`` (SPEC §10: backpressure, a paused rostered group). Leases are
-kept by a task of their own, not by the poll, and a message is leased from the moment
-its ``pull`` returns, not from its ``yield``: every message of the pull being yielded,
-the ones the group has not taken yet included, keeps its lease however long the
-generator waits, and no pull is sent meanwhile. Pub/Sub puts no cap on how often a
-lease is extended; a message held longer than the subscription's retention (7 days by
-default) may be dropped by the server, which only ever costs that message's ack (it is
-then refused and logged). ``tests/adapters/pubsub/test_pubsub_suspended.py`` suspends a
-group for 2.5 ack deadlines and checks that another puller of the subscription got
-nothing meanwhile.
+Suspended at a ``yield`` (docs/writing-an-adapter.md#1-the-producer: backpressure, a paused rostered
+group). Leases are kept by a task of their own, not by the poll, and a message is leased from the
+moment its ``pull`` returns, not from its ``yield``: every message of the pull being yielded, the
+ones the group has not taken yet included, keeps its lease however long the generator waits, and no
+pull is sent meanwhile. Pub/Sub puts no cap on how often a lease is extended; a message held longer
+than the subscription's retention (7 days by default) may be dropped by the server, which only ever
+costs that message's ack (it is then refused and logged).
+``tests/adapters/pubsub/test_pubsub_suspended.py`` suspends a group for 2.5 ack deadlines and checks
+that another puller of the subscription got nothing meanwhile.
 
 Identity and messages: :meth:`PubSubStreamProducer.get_event_id` is the ``message_id``
-(SPEC §13). :meth:`PubSubStreamProducer.to_message` gives handlers ``body`` = ``data``,
-``key`` = the ordering key as UTF-8 bytes (``None`` when empty), ``headers`` = the
-attributes as UTF-8 bytes, ``id`` = ``message_id``, ``attempt`` = ``delivery_attempt``.
-Pub/Sub counts delivery attempts only on a subscription with a dead-letter policy
-(and that count survives restarts); elsewhere it sends 0, and the producer counts the
-deliveries of each ``message_id`` it pulled itself (:class:`~ackgate.DeliveryCounts`),
-for its own life: a new producer (a restart of the group, a new process) counts from 1.
+(docs/concepts.md#redelivery-memory). :meth:`PubSubStreamProducer.to_message` gives handlers
+``body`` = ``data``, ``key`` = the ordering key as UTF-8 bytes (``None`` when empty), ``headers`` =
+the attributes as UTF-8 bytes, ``id`` = ``message_id``, ``attempt`` = ``delivery_attempt``. Pub/Sub
+counts delivery attempts only on a subscription with a dead-letter policy (and that count survives
+restarts); elsewhere it sends 0, and the producer counts the deliveries of each ``message_id`` it
+pulled itself (:class:`~ackgate.DeliveryCounts`), for its own life: a new producer (a restart of the
+group, a new process) counts from 1.
 
 Exactly-once subscriptions report per-ack-id failures: transient ones are retried,
 permanent ones (an expired ack id) are logged at WARNING with the message id, not
@@ -178,7 +177,8 @@ class PubSubStreamProducer(SharedStreamProducer):
         return lane
 
     def get_event_id(self, broker_payload: Any) -> Hashable | None:
-        """The ``message_id``: the same for every delivery of one message (SPEC §13)."""
+        """The ``message_id``: the same for every delivery of one message
+        (docs/concepts.md#redelivery-memory)."""
         received: Received = broker_payload
         message_id: str = received.message.message_id
         return message_id

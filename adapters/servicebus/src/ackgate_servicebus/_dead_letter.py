@@ -18,8 +18,8 @@ _DESCRIPTION_LIMIT: Final = 4096
 
 
 def error_description(outcome: AdvanceOutcome) -> str:
-    """``"rejected by R of N ackgate subscribers"``, then each reason given (SPEC §8),
-    separated by ``"; "``, cut to 4096 characters."""
+    """``"rejected by R of N ackgate subscribers"``, then each reason given
+    (docs/concepts.md#deferred-resolution), separated by ``"; "``, cut to 4096 characters."""
     total = outcome.acked + outcome.rejected
     why = "; ".join(
         (f"rejected by {outcome.rejected} of {total} ackgate subscribers", *outcome.reasons)

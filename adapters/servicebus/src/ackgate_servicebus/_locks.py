@@ -1,4 +1,5 @@
-"""Keeping the locks of received messages until they are settled (SPEC §10).
+"""Keeping the locks of received messages until they are settled
+(docs/writing-an-adapter.md#1-the-producer).
 
 What a lost lock means for a message, and why renewal is a task of its own, is
 documented with the producer, in :mod:`ackgate_servicebus._producer`. Here: the broker

@@ -6,10 +6,10 @@ What each :class:`~ackgate.AdvanceOutcome` does to a message:
 
 * clean (acked by every subscriber) -> ``complete_message``: removed from the entity.
 * rejected by at least one subscriber and failed by none -> ``dead_letter_message``
-  with reason ``"ackgate-rejected"`` and as ``error_description`` "rejected by R of N
-  ackgate subscribers", then each reason given (SPEC §8, ``"<subscriber_id>:
-  <reason>"``) separated by ``"; "``, at most 4096 characters: moved to the entity's
-  dead-letter sub-queue.
+  with reason ``"ackgate-rejected"`` and as ``error_description`` "rejected by R of N ackgate
+  subscribers", then each reason given (docs/concepts.md#deferred-resolution, ``"<subscriber_id>:
+  <reason>"``) separated by ``"; "``, at most 4096 characters: moved to the entity's dead-letter
+  sub-queue.
 * failed by at least one subscriber, or broadcast to nobody -> ``abandon_message``:
   the broker redelivers it at once with ``delivery_count`` + 1 (the entity's
   MaxDeliveryCount eventually dead-letters a message that keeps failing).
@@ -27,31 +27,29 @@ with the message id and sequence number; a lost *session* lock ends the group
 (``open_stream`` raises), since another consumer may now be handed that session's later
 messages.
 
-Suspended at a ``yield`` (SPEC §10: backpressure, a paused rostered group). Renewal is
-a task of its own, not part of the poll, and a message is held from the moment
-``receive_messages`` returns it, not from its ``yield``: every message of the batch
-being yielded, the ones the group has not taken yet included, keeps its lock (or its
-session's lock) however long the generator waits, and nothing more is received
-meanwhile. Service Bus puts no cap on renewals. One thing renewal cannot reach:
-messages the SDK *prefetched* (``prefetch_count`` > 0) sit in its buffer, locked
-since they arrived, until a receive takes them. A message whose lock has less than
-``lock_renewal_margin`` left when it is received is therefore renewed at once, and
-one whose lock is already gone is not handed out at all (logged at WARNING; the
-broker redelivers it, with ``delivery_count`` + 1). With the default
-``prefetch_count=0`` nothing sits unseen. ``tests/adapters/servicebus/
-test_servicebus_suspended.py`` suspends a group for four lock durations.
+Suspended at a ``yield`` (docs/writing-an-adapter.md#1-the-producer: backpressure, a paused rostered
+group). Renewal is a task of its own, not part of the poll, and a message is held from the moment
+``receive_messages`` returns it, not from its ``yield``: every message of the batch being yielded,
+the ones the group has not taken yet included, keeps its lock (or its session's lock) however long
+the generator waits, and nothing more is received meanwhile. Service Bus puts no cap on renewals.
+One thing renewal cannot reach: messages the SDK *prefetched* (``prefetch_count`` > 0) sit in its
+buffer, locked since they arrived, until a receive takes them. A message whose lock has less than
+``lock_renewal_margin`` left when it is received is therefore renewed at once, and one whose lock is
+already gone is not handed out at all (logged at WARNING; the broker redelivers it, with
+``delivery_count`` + 1). With the default ``prefetch_count=0`` nothing sits unseen.
+``tests/adapters/servicebus/ test_servicebus_suspended.py`` suspends a group for four lock
+durations.
 
-Identity and messages: :meth:`ServiceBusStreamProducer.get_event_id` is the
-``sequence_number`` (SPEC §13: unique in the entity, the same on every delivery).
-:meth:`ServiceBusStreamProducer.to_message` gives handlers ``body`` = the body bytes
-(a data body's sections joined; a ``str`` value body as UTF-8), ``key`` = the
-``session_id`` as UTF-8 bytes (``None`` without sessions; the session is what orders
-messages, while ``partition_key`` only places them and stays on ``message.raw``),
-``headers`` = ``application_properties`` (keys as ``str``; ``bytes`` values as they
-are, ``str`` as UTF-8, anything else as its ``str()`` in UTF-8), ``id`` =
-``message_id`` (the sequence number when a sender set none), ``attempt`` =
-``delivery_count + 1``: the Python SDK reports the AMQP count of *earlier* deliveries
-(0 the first time), so ``attempt`` is 1 on a first delivery, as SQS and Pub/Sub count.
+Identity and messages: :meth:`ServiceBusStreamProducer.get_event_id` is the ``sequence_number``
+(docs/concepts.md#redelivery-memory: unique in the entity, the same on every delivery).
+:meth:`ServiceBusStreamProducer.to_message` gives handlers ``body`` = the body bytes (a data body's
+sections joined; a ``str`` value body as UTF-8), ``key`` = the ``session_id`` as UTF-8 bytes
+(``None`` without sessions; the session is what orders messages, while ``partition_key`` only places
+them and stays on ``message.raw``), ``headers`` = ``application_properties`` (keys as ``str``;
+``bytes`` values as they are, ``str`` as UTF-8, anything else as its ``str()`` in UTF-8), ``id`` =
+``message_id`` (the sequence number when a sender set none), ``attempt`` = ``delivery_count + 1``:
+the Python SDK reports the AMQP count of *earlier* deliveries (0 the first time), so ``attempt`` is
+1 on a first delivery, as SQS and Pub/Sub count.
 
 Lanes: the session id on session entities (order is kept per session), otherwise the
 sequence number, so every message is its own lane and one slow message holds back
@@ -329,7 +327,8 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         return lane
 
     def get_event_id(self, broker_payload: Any) -> Hashable | None:
-        """The ``sequence_number``: the same on every delivery of one message (SPEC §13)."""
+        """The ``sequence_number``: the same on every delivery of one message
+        (docs/concepts.md#redelivery-memory)."""
         sequence_number: int = broker_payload.message.sequence_number
         return sequence_number
 

@@ -54,7 +54,8 @@ async def dead_letter(
 
 
 def _with_reasons(summary: str, outcome: AdvanceOutcome) -> str:
-    """``summary``, then the rejecting subscribers' reasons (SPEC §8), capped in length."""
+    """``summary``, then the rejecting subscribers' reasons (docs/concepts.md#deferred-resolution),
+    capped in length."""
     text = "; ".join((summary, *outcome.reasons))
     return text if len(text) <= _REASON_LIMIT else text[: _REASON_LIMIT - 3] + "..."
 

@@ -11,12 +11,12 @@ What each outcome does to the broker (:meth:`SqsStreamProducer.advance`):
   redelivers it at once (once this producer's long poll in flight, if any, has
   returned: see :class:`SqsStreamProducer`);
 * rejected (and nobody failed) → with ``dlq_queue_url``: sent to that queue
-  (original body and message attributes plus ``ackgate.reason``: "rejected by R of N
-  subscribers", then each reason given (SPEC §8, ``"<subscriber_id>: <reason>"``),
-  separated by ``"; "``, at most 4096 characters), then deleted;
-  without it: visibility 0, and the queue's own redrive policy moves it to its
-  dead-letter queue once ``maxReceiveCount`` receives are used up. A queue with
-  no redrive policy and no ``dlq_queue_url`` redelivers a rejected message forever.
+  (original body and message attributes plus ``ackgate.reason``: "rejected by R of N subscribers",
+  then each reason given (docs/concepts.md#deferred-resolution, ``"<subscriber_id>: <reason>"``),
+  separated by ``"; "``, at most 4096 characters), then deleted; without it: visibility 0, and the
+  queue's own redrive policy moves it to its dead-letter queue once ``maxReceiveCount`` receives are
+  used up. A queue with no redrive policy and no ``dlq_queue_url`` redelivers a rejected message
+  forever.
 
 On a FIFO queue SQS holds a group back while any of its messages is in flight, so
 a released message returns only after the rest of its group received with it was
@@ -35,30 +35,28 @@ While a message is received and not yet advanced, a heartbeat extends its
 visibility (``ChangeMessageVisibilityBatch``) before it lapses, so a handler slower
 than ``visibility_timeout`` causes no redelivery.
 
-Suspended at a ``yield`` (SPEC §10: backpressure, a paused rostered group). The
-heartbeat is a task of its own, not part of the poll, and a message counts as held
-from the moment ``ReceiveMessage`` returns it — not from its ``yield`` — so every
-message of the batch being yielded, the ones not yet handed to the group included,
-stays invisible however long the generator waits; no receive is sent meanwhile, so
-nothing more is taken. One limit is SQS's own: a message's visibility cannot be
-extended past 12 hours after it was received. A message held longer than that
-(a group paused for half a day) becomes visible again: SQS redelivers it (to this
-group once it polls again, or to another consumer) and, when the held copy is
-finally advanced, its delete fails on the stale receipt handle and is logged: a
-duplicate, never a loss. ``tests/adapters/sqs/test_sqs_suspended.py`` suspends a
-group for four visibility timeouts and checks nothing came back.
+Suspended at a ``yield`` (docs/writing-an-adapter.md#1-the-producer: backpressure, a paused rostered
+group). The heartbeat is a task of its own, not part of the poll, and a message counts as held from
+the moment ``ReceiveMessage`` returns it — not from its ``yield`` — so every message of the batch
+being yielded, the ones not yet handed to the group included, stays invisible however long the
+generator waits; no receive is sent meanwhile, so nothing more is taken. One limit is SQS's own: a
+message's visibility cannot be extended past 12 hours after it was received. A message held longer
+than that (a group paused for half a day) becomes visible again: SQS redelivers it (to this group
+once it polls again, or to another consumer) and, when the held copy is finally advanced, its delete
+fails on the stale receipt handle and is logged: a duplicate, never a loss.
+``tests/adapters/sqs/test_sqs_suspended.py`` suspends a group for four visibility timeouts and
+checks nothing came back.
 
 Identity and messages: :meth:`SqsStreamProducer.get_event_id` is the ``MessageId``
-(SPEC §13), so a copy redelivered after a release is handed only to the subscribers
-that did not ack it. :meth:`SqsStreamProducer.to_message` builds the
-:class:`~ackgate.Message` a :class:`~ackgate.Service` handler gets: ``body`` is the
-``Body`` string encoded as UTF-8, ``key`` the ``MessageGroupId`` (FIFO queues and
-fair queues) as UTF-8 bytes or ``None``, ``headers`` the *message* attributes
-(``String``/``Number`` types as their UTF-8 string value, ``Binary`` as its bytes;
-custom ``String.x`` / ``Number.x`` / ``Binary.x`` types alike), ``id`` the
-``MessageId``, ``attempt`` the ``ApproximateReceiveCount``. System attributes
-(``SentTimestamp``, ``SenderId``, ...) are not headers: they describe the delivery,
-not the message, and stay in ``message.raw["Attributes"]``.
+(docs/concepts.md#redelivery-memory), so a copy redelivered after a release is handed only to the
+subscribers that did not ack it. :meth:`SqsStreamProducer.to_message` builds the
+:class:`~ackgate.Message` a :class:`~ackgate.Service` handler gets: ``body`` is the ``Body`` string
+encoded as UTF-8, ``key`` the ``MessageGroupId`` (FIFO queues and fair queues) as UTF-8 bytes or
+``None``, ``headers`` the *message* attributes (``String``/``Number`` types as their UTF-8 string
+value, ``Binary`` as its bytes; custom ``String.x`` / ``Number.x`` / ``Binary.x`` types alike),
+``id`` the ``MessageId``, ``attempt`` the ``ApproximateReceiveCount``. System attributes
+(``SentTimestamp``, ``SenderId``, ...) are not headers: they describe the delivery, not the message,
+and stay in ``message.raw["Attributes"]``.
 
 Per-entry failures of a batch
 call are retried, then logged on ``ackgate.adapters.sqs`` with the message ids; an
@@ -240,7 +238,8 @@ class SqsStreamProducer(SharedStreamProducer):
         return receipt.lane
 
     def get_event_id(self, broker_payload: Any) -> Hashable | None:
-        """The ``MessageId``: the same for every receive of one message (SPEC §13)."""
+        """The ``MessageId``: the same for every receive of one message
+        (docs/concepts.md#redelivery-memory)."""
         receipt: Receipt = broker_payload
         return receipt.message_id
 
