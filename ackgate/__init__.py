@@ -13,10 +13,14 @@ from ackgate._contract.errors import (
     AckGateError,
     AckTimeout,
     AdvanceFailed,
+    AuthenticationFailed,
+    PermanentUpstreamError,
     StreamTerminated,
     SubscriberOverflow,
+    TLSVerificationFailed,
 )
 from ackgate._contract.message import Message, Reject
+from ackgate._contract.options import check_options, masked_options
 from ackgate._contract.outcome import AdvanceItem, AdvanceOutcome, AdvanceRun, EventBatch, IdRange
 from ackgate._contract.producer import SharedStreamProducer
 from ackgate._contract.stats import GroupStats
@@ -35,6 +39,7 @@ __all__ = [
     "AdvanceItem",
     "AdvanceOutcome",
     "AdvanceRun",
+    "AuthenticationFailed",
     "BoundBatch",
     "DeliveryCounts",
     "EventBatch",
@@ -42,6 +47,7 @@ __all__ = [
     "HandlerStats",
     "IdRange",
     "Message",
+    "PermanentUpstreamError",
     "Reject",
     "Retry",
     "Service",
@@ -51,5 +57,8 @@ __all__ = [
     "StreamTerminated",
     "SubscriberOverflow",
     "Subscription",
+    "TLSVerificationFailed",
+    "check_options",
+    "masked_options",
     "reject_shared_stream_event",
 ]

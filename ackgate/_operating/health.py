@@ -45,6 +45,8 @@ def not_ready(services: Sequence[Service]) -> list[dict[str, Any]]:
         group = stats.group
         if stats.state != "running":
             reason = f"service is {stats.state}"
+        elif group is None and stats.refused is not None:
+            reason = f"the broker refused the service: {stats.refused} (retrying)"
         elif group is None:
             reason = (
                 f"no live group (restarting after the group ended; restarts: {stats.restarts})"

@@ -73,14 +73,15 @@ class RateLimitFilter(logging.Filter):
                 del self._windows[key]
 
 
-def rate_limit_logging(interval: float = DEFAULT_INTERVAL) -> None:
+def rate_limit_logging(interval: float = DEFAULT_INTERVAL, *, level: int | None = None) -> None:
     """Add a :class:`RateLimitFilter` to every handler of the root logger.
 
-    Nothing is limited when the root logger is at DEBUG: whoever asked for every
-    line gets every line.
+    Nothing is limited when ``level`` (the client libraries' level ``ackgate run``
+    set; default: the root logger's) is DEBUG: whoever asked for every line gets
+    every line.
     """
     root = logging.getLogger()
-    if root.level <= logging.DEBUG:
+    if (root.level if level is None else level) <= logging.DEBUG:
         return
     limiter = RateLimitFilter(interval)
     for handler in root.handlers:

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ackgate._operating.args import int_at_least
-from ackgate._operating.log_throttle import rate_limit_logging
+from ackgate._operating.log_setup import configure_logging
 from ackgate._operating.run_options import (
     WORKER_INDEX_ENV,
     add_operability_options,
@@ -115,7 +115,17 @@ def add_parser(commands: Any) -> None:
         type=_level,
         default="INFO",
         metavar="LEVEL",
-        help=f"one of {', '.join(LOG_LEVELS)} (default: %(default)s)",
+        help=f"ackgate's and the services' own loggers: one of {', '.join(LOG_LEVELS)} "
+        "(default: %(default)s); the broker clients' loggers stay at INFO or above",
+    )
+    run.add_argument(
+        "--client-log-level",
+        type=_level,
+        metavar="LEVEL",
+        help="the broker client libraries' loggers (aiokafka, botocore, google, grpc, "
+        "azure...): DEBUG logs their wire-level exchanges, which hold credentials and "
+        "message bodies (bytes are redacted; do not ship these logs) (default: "
+        "--log-level, at least INFO)",
     )
     run.add_argument(
         "--max-restarts",
@@ -133,13 +143,7 @@ def add_parser(commands: Any) -> None:
 def run_command(opts: argparse.Namespace) -> int:
     """Run the services of ``opts.targets``; return the exit status."""
     worker = os.environ.get(WORKER_INDEX_ENV)
-    logging.basicConfig(
-        level=opts.log_level,
-        format="%(asctime)s %(levelname)s "
-        + ("" if worker is None else f"[worker {worker}] ")
-        + "%(name)s: %(message)s",
-    )
-    rate_limit_logging()
+    configure_logging(opts.log_level, opts.client_log_level, worker=worker)
     if opts.workers > 1:
         return run_workers(opts)
     try:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
-from ackgate._contract.errors import StreamTerminated
+from ackgate._contract.errors import PermanentUpstreamError, StreamTerminated
 from ackgate._contract.producer import SharedStreamProducer
 from ackgate._contract.stats import GroupStats
 from ackgate._core.manager import SharedStreamManager
@@ -57,6 +57,8 @@ class ServiceStats:
             ``run()``, during a restart backoff, after the stop).
         handlers: Per handler id, in registration order.
         restarts: Times the group was restarted after it ended.
+        refused: While ``retry_on_auth_error`` retries a broker's refusal, its reason
+            ("authentication failed for user alice (SCRAM-SHA-512)"); else ``None``.
     """
 
     key: Hashable
@@ -64,6 +66,7 @@ class ServiceStats:
     group: GroupStats | None
     handlers: Mapping[str, HandlerStats]
     restarts: int
+    refused: str | None = None
 
 
 class Service:
@@ -91,6 +94,14 @@ class Service:
     again after N restarts in a row without advancing a single message; ``0``
     never restarts. Either exception carries a note (``__notes__``) naming the
     service and why it was not restarted.
+
+    A broker that refuses the producer (a :class:`~ackgate.PermanentUpstreamError`
+    the producer raised: credentials refused, TLS verification failed, access
+    denied) is a configuration error too: ``run()`` raises it at once. With
+    ``retry_on_auth_error=SECONDS`` (credentials being rotated) the group is started
+    again every ``SECONDS`` instead, outside ``restart_limit``: the refusal is logged
+    once at WARNING (again only if its reason changes) and shown in
+    ``ServiceStats.refused``.
     """
 
     def __init__(
@@ -102,6 +113,7 @@ class Service:
         restart_backoff: float = 1.0,
         max_restart_backoff: float = 60.0,
         restart_limit: int | None = None,
+        retry_on_auth_error: float | None = None,
         **options: Any,
     ) -> None:
         if key is None:
@@ -139,6 +151,15 @@ class Service:
                 f"restart_backoff ({restart_backoff!r})"
             )
         _check_restart_limit(restart_limit)
+        if retry_on_auth_error is not None and (
+            isinstance(retry_on_auth_error, bool)
+            or not isinstance(retry_on_auth_error, int | float)
+            or not 0 < retry_on_auth_error < math.inf
+        ):
+            raise ValueError(
+                "retry_on_auth_error must be None (a refusal is permanent) or a finite number "
+                f"of seconds > 0, got {retry_on_auth_error!r}"
+            )
         if manager is not None and options:
             raise ValueError(
                 f"manager options {sorted(options)} apply only to the service's own manager; "
@@ -155,6 +176,9 @@ class Service:
         self._restart_backoff = float(restart_backoff)
         self._max_restart_backoff = float(max_restart_backoff)
         self._restart_limit = restart_limit
+        self._retry_on_auth_error = retry_on_auth_error
+        #: The reason of the refusal being retried (``retry_on_auth_error``), else None.
+        self._refused: str | None = None
         self._specs: dict[str, HandlerSpec] = {}
         self._counters: dict[str, HandlerCounters] = {}
         self._workers: list[HandlerWorker] = []
@@ -397,6 +421,11 @@ class Service:
                     "configuration error, not retried"
                 )
                 raise failure
+            refusal = _refusal(cause)
+            if refusal is not None:
+                await self._refused_by_broker(refusal)
+                continue
+            self._refused = None
             if self._factory.advanced_events != advanced:
                 advanced = self._factory.advanced_events
                 futile = 0
@@ -424,6 +453,31 @@ class Service:
             except TimeoutError:
                 pass
             delay = min(delay * 2, self._max_restart_backoff)
+
+    async def _refused_by_broker(self, refusal: PermanentUpstreamError) -> None:
+        """The broker refused the producer: raise it, or wait ``retry_on_auth_error``."""
+        assert self._stopping is not None
+        if self._retry_on_auth_error is None:
+            refusal.add_note(
+                f"service {self.key!r}: the broker refused it, not retried (a service made "
+                "with retry_on_auth_error=SECONDS retries it)"
+            )
+            raise refusal
+        if refusal.reason != self._refused:
+            logger.warning(
+                "service %r: %s%s; retrying every %gs (retry_on_auth_error)",
+                self.key,
+                refusal.reason,
+                f" at {refusal.address}" if refusal.address else "",
+                self._retry_on_auth_error,
+            )
+        self._refused = refusal.reason
+        self._restarts += 1
+        try:
+            async with asyncio.timeout(self._retry_on_auth_error):
+                await self._stopping.wait()
+        except TimeoutError:
+            pass
 
     async def _session(self) -> StreamTerminated | None:
         """One group life: every handler subscribed until the group ends (its error)
@@ -507,7 +561,18 @@ class Service:
                 {hid: counters.snapshot(hid) for hid, counters in self._counters.items()}
             ),
             restarts=self._restarts,
+            refused=self._refused,
         )
+
+
+def _refusal(cause: BaseException) -> PermanentUpstreamError | None:
+    """The broker's refusal that ended the group, if that is what ended it."""
+    error: BaseException | None = cause
+    while error is not None:
+        if isinstance(error, PermanentUpstreamError):
+            return error
+        error = error.__cause__
+    return None
 
 
 def _check_restart_limit(limit: object) -> None:

@@ -10,6 +10,7 @@ def test_public_names_are_pinned() -> None:
             "AdvanceItem",
             "AdvanceOutcome",
             "AdvanceRun",
+            "AuthenticationFailed",
             "BoundBatch",
             "DeliveryCounts",
             "EventBatch",
@@ -17,6 +18,7 @@ def test_public_names_are_pinned() -> None:
             "HandlerStats",
             "IdRange",
             "Message",
+            "PermanentUpstreamError",
             "Reject",
             "Retry",
             "Service",
@@ -26,6 +28,9 @@ def test_public_names_are_pinned() -> None:
             "StreamTerminated",
             "Subscription",
             "SubscriberOverflow",
+            "TLSVerificationFailed",
+            "check_options",
+            "masked_options",
             "reject_shared_stream_event",
         ]
     )
@@ -37,6 +42,9 @@ def test_exception_hierarchy() -> None:
     for exc in (ackgate.AckTimeout, ackgate.SubscriberOverflow, ackgate.StreamTerminated):
         assert issubclass(exc, ackgate.AckGateError)
     assert issubclass(ackgate.AdvanceFailed, ackgate.StreamTerminated)
+    for refusal in (ackgate.AuthenticationFailed, ackgate.TLSVerificationFailed):
+        assert issubclass(refusal, ackgate.PermanentUpstreamError)
+    assert issubclass(ackgate.PermanentUpstreamError, ackgate.AckGateError)
 
 
 def test_outcome_is_clean() -> None:

@@ -102,7 +102,12 @@ receives (tombstones, duplicate header names and the delivery count are describe
 
 **Errors.** A broker error while starting or polling ends the group: subscribers get
 ``StreamTerminated`` whose ``__cause__`` is a ``ConnectionError`` (cannot reach the
-cluster) or ``RuntimeError`` chained to the aiokafka error. A failed commit or DLQ
+cluster) or ``RuntimeError`` chained to the aiokafka error. A refusal is told apart
+(:mod:`ackgate_kafka._refusals`): refused credentials and denied access raise
+:class:`ackgate.AuthenticationFailed` ("authentication failed for user alice
+(SCRAM-SHA-512)"), an untrusted broker certificate
+:class:`ackgate.TLSVerificationFailed`, which a service does not retry unless made
+with ``retry_on_auth_error``. A failed commit or DLQ
 write is logged at ERROR with the partition and offset and raised, so the group ends
 with ``AdvanceFailed`` and the broker redelivers everything not committed.
 
@@ -118,8 +123,8 @@ import logging
 from collections.abc import AsyncGenerator, Hashable, Sequence
 from typing import Any
 
-from ackgate import EventBatch, Message
-from ackgate_kafka._fetch import Fetcher, event_ids
+from ackgate import EventBatch, Message, check_options, masked_options
+from ackgate_kafka._fetch import Fetcher, _import_aiokafka, event_ids
 from ackgate_kafka._message import check_value, wrap, wrap_all
 
 log = logging.getLogger("ackgate.adapters.kafka")
@@ -130,9 +135,12 @@ class KafkaStreamProducer(Fetcher):
 
     ``consumer_options`` pass through to ``aiokafka.AIOKafkaConsumer`` (security
     protocol, SASL, ``ssl_context``, fetch sizes, ``max_poll_records``...); the
-    connection-level ones are shared with the DLQ producer. ``enable_auto_commit=True``
-    is refused with ``ValueError`` here, before any connection. With a ``dlq_topic``,
-    key/value deserializers are refused too: the DLQ copy carries the original bytes.
+    connection-level ones are shared with the DLQ producer. A name the consumer
+    does not take is a ``TypeError`` here, naming the closest valid one. The
+    ``repr`` shows them with secrets (passwords, token providers) masked.
+    ``enable_auto_commit=True`` is refused with ``ValueError`` here, before any
+    connection. With a ``dlq_topic``, key/value deserializers are refused too: the DLQ
+    copy carries the original bytes.
 
     ``rebalance_drain_timeout`` (seconds, >= 0) bounds how long a revoke waits for the
     events already yielded from the revoked partitions to be advanced; keep it well
@@ -172,6 +180,12 @@ class KafkaStreamProducer(Fetcher):
             )
         if rebalance_drain_timeout < 0:
             raise ValueError("rebalance_drain_timeout must be >= 0")
+        if consumer_options:
+            check_options(
+                consumer_options,
+                _import_aiokafka().AIOKafkaConsumer,
+                what="aiokafka.AIOKafkaConsumer",
+            )
         consumer_options.setdefault("auto_offset_reset", "earliest")
         self._bootstrap_servers = bootstrap_servers
         self._group_id = group_id
@@ -186,6 +200,13 @@ class KafkaStreamProducer(Fetcher):
         self._lock = asyncio.Lock()
         self._progress = asyncio.Event()
         self._keeper = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<KafkaStreamProducer topics={self._topics!r} group_id={self._group_id!r} "
+            f"bootstrap_servers={self._bootstrap_servers!r} dlq_topic={self._dlq_topic!r} "
+            f"options={masked_options(self._options)!r}>"
+        )
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         tp: Hashable = broker_payload.tp

@@ -71,7 +71,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequen
 from logging import getLogger
 from typing import Any
 
-from ackgate import AdvanceItem, AdvanceOutcome, DeliveryCounts, Message, SharedStreamProducer
+from ackgate import (
+    AdvanceItem,
+    AdvanceOutcome,
+    AuthenticationFailed,
+    DeliveryCounts,
+    Message,
+    SharedStreamProducer,
+    check_options,
+    masked_options,
+)
 from ackgate_pubsub._ack_calls import AckCall, run_ack_call
 from ackgate_pubsub._dead_letter import publish_dead_letters
 from ackgate_pubsub._errors import PubSubError
@@ -144,6 +153,11 @@ class PubSubStreamProducer(SharedStreamProducer):
             raise ValueError(f"max_outstanding must be >= 2, got {max_outstanding!r}")
         if pull_timeout <= 0:
             raise ValueError(f"pull_timeout must be > 0, got {pull_timeout!r}")
+        if isinstance(client_options, dict):
+            # A misspelt key would otherwise fail every restart, inside the stream.
+            from google.api_core.client_options import ClientOptions
+
+            check_options(client_options, ClientOptions, what="google ClientOptions")
         self._subscription = subscription
         self._dlq_topic = dlq_topic
         self._max_messages = max_messages
@@ -169,6 +183,13 @@ class PubSubStreamProducer(SharedStreamProducer):
         #: Deliveries per message id in this producer's life, for ``Message.attempt``
         #: where Pub/Sub counts none (a subscription without a dead-letter policy).
         self._deliveries = DeliveryCounts()
+
+    def __repr__(self) -> str:
+        return (
+            f"<PubSubStreamProducer subscription={self._subscription!r} "
+            f"dlq_topic={self._dlq_topic!r} client_options={_shown(self._client_options)!r} "
+            f"credentials={masked_options({'credentials': self._credentials})['credentials']}>"
+        )
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         """The ordering key, or the ack id (its own lane) when the key is empty."""
@@ -371,6 +392,14 @@ class PubSubStreamProducer(SharedStreamProducer):
             )
         except gexc.DeadlineExceeded:
             return []  # the long-poll ran out with nothing to deliver
+        except (gexc.PermissionDenied, gexc.Unauthenticated) as exc:
+            # No retry mends it: the identity lacks roles/pubsub.subscriber, or its
+            # credentials were refused.
+            what = "access denied" if isinstance(exc, gexc.PermissionDenied) else "refused"
+            raise AuthenticationFailed(
+                f"{what} pulling {self._subscription} ({_status(exc)}): {exc.message}",
+                address=self._address(),
+            ) from exc
         except gexc.GoogleAPIError as exc:
             raise PubSubError(f"pull from {self._subscription} failed: {exc}") from exc
         return list(PullResponse.pb(response).received_messages)
@@ -488,3 +517,17 @@ def _check_name(argument: str, name: str, kind: str) -> None:
 async def _close(transport: Any) -> None:
     close: Callable[[], Awaitable[None]] = transport.close  # the SDK leaves it untyped
     await close()
+
+
+def _status(error: Any) -> str:
+    """The gRPC status of a Google API error (``PERMISSION_DENIED``, ``UNAUTHENTICATED``)."""
+    code = getattr(error, "grpc_status_code", None)
+    return code.name if code is not None else type(error).__name__
+
+
+def _shown(client_options: Any) -> Any:
+    """``client_options`` for a ``repr``: a dict or a ``ClientOptions``, secrets masked."""
+    if client_options is None:
+        return None
+    fields = client_options if isinstance(client_options, dict) else vars(client_options)
+    return masked_options(fields)

@@ -69,7 +69,7 @@ from enum import Enum
 from types import SimpleNamespace
 from typing import Any, Final
 
-from ackgate import AdvanceItem, AdvanceOutcome, Message, SharedStreamProducer
+from ackgate import AdvanceItem, AdvanceOutcome, AuthenticationFailed, Message, SharedStreamProducer
 from ackgate_servicebus._dead_letter import DEAD_LETTER_REASON, error_description
 from ackgate_servicebus._locks import Delivery, LockKeeper
 from ackgate_servicebus._message import ids, to_message
@@ -96,12 +96,15 @@ The SDK's own ``azure.servicebus.NEXT_AVAILABLE_SESSION`` is accepted too.
 
 def _import_sdk() -> SimpleNamespace:
     try:
+        from azure.core.exceptions import ClientAuthenticationError
         from azure.servicebus import NEXT_AVAILABLE_SESSION as sdk_next_available
         from azure.servicebus import ServiceBusReceiveMode
         from azure.servicebus.aio import ServiceBusClient
         from azure.servicebus.exceptions import (
             MessageAlreadySettled,
             OperationTimeoutError,
+            ServiceBusAuthenticationError,
+            ServiceBusAuthorizationError,
             ServiceBusCommunicationError,
             ServiceBusConnectionError,
             ServiceBusError,
@@ -121,6 +124,12 @@ def _import_sdk() -> SimpleNamespace:
         no_session_errors=(OperationTimeoutError, SessionCannotBeLockedError),
         # The namespace cannot be reached: an outage, not a wrong request.
         unreachable_errors=(ServiceBusConnectionError, ServiceBusCommunicationError),
+        # Refused credentials or a missing Listen claim: no retry mends them.
+        refused_errors=(
+            ServiceBusAuthenticationError,
+            ServiceBusAuthorizationError,
+            ClientAuthenticationError,
+        ),
     )
 
 
@@ -304,6 +313,16 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                 _log.debug("No Service Bus session available on %s; retrying", self._entity)
                 await self._close_receiver()
                 continue
+            except sdk.refused_errors as exc:
+                what = (
+                    "access denied (the Listen claim is missing)"
+                    if "Authorization" in type(exc).__name__
+                    else "authentication failed"
+                )
+                raise AuthenticationFailed(
+                    f"{what} receiving from {self._entity} ({type(exc).__name__})",
+                    address=self._address(),
+                ) from exc
             except sdk.unreachable_errors as exc:
                 # Said once per outage, even across the restarts of the group that follow.
                 self.upstream_lost(self._address(), exc)

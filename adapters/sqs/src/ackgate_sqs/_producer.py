@@ -83,7 +83,17 @@ from collections.abc import AsyncIterator, Hashable, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
-from ackgate import AdvanceItem, AdvanceOutcome, Message, SharedStreamProducer
+from ackgate import (
+    AdvanceItem,
+    AdvanceOutcome,
+    AuthenticationFailed,
+    Message,
+    PermanentUpstreamError,
+    SharedStreamProducer,
+    TLSVerificationFailed,
+    check_options,
+    masked_options,
+)
 from ackgate_sqs._batches import BATCH_LIMIT, Coalescer, chunks, failed_ids, submit
 from ackgate_sqs._dead_letter import dead_letter
 from ackgate_sqs._message import Receipt, to_message
@@ -101,6 +111,44 @@ _MAX_RETRY_BACKOFF = 30.0
 _RECEIVE_GRACE = 5.0
 
 
+#: Error codes with which AWS refuses the caller's credentials or permissions.
+_REFUSED_CODES = frozenset(
+    {
+        "InvalidClientTokenId",
+        "UnrecognizedClientException",
+        "SignatureDoesNotMatch",
+        "InvalidAccessKeyId",
+        "ExpiredToken",
+        "ExpiredTokenException",
+        "MissingAuthenticationToken",
+        "AccessDenied",
+        "AccessDeniedException",
+    }
+)
+
+
+def _refusal(error: BaseException, address: str) -> PermanentUpstreamError | None:
+    """``error`` as a refusal no retry mends (credentials, permissions, TLS), if it is one."""
+    from botocore.exceptions import ClientError, NoCredentialsError, SSLError
+
+    if isinstance(error, ClientError):
+        code = error.response.get("Error", {}).get("Code", "")
+        if code in _REFUSED_CODES:
+            what = "access denied" if code.startswith("AccessDenied") else "authentication failed"
+            return AuthenticationFailed(
+                f"{what} ({code}): {error.response.get('Error', {}).get('Message', '')}",
+                address=address,
+            )
+    if isinstance(error, NoCredentialsError):
+        return AuthenticationFailed(f"authentication failed: {error}", address=address)
+    if isinstance(error, SSLError) and "CERTIFICATE_VERIFY_FAILED" in str(error):
+        return TLSVerificationFailed(
+            "TLS: the endpoint's certificate is not trusted (CERTIFICATE_VERIFY_FAILED)",
+            address=address,
+        )
+    return None
+
+
 def _unreachable(error: BaseException) -> bool:
     """An error that says SQS could not be reached (or failed on its side), not that
     the request was wrong: an outage to ride out rather than a reason to stop."""
@@ -112,6 +160,17 @@ def _unreachable(error: BaseException) -> bool:
         status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
         return isinstance(status, int) and status >= 500
     return False
+
+
+def _create_client() -> Any:
+    """The ``create_client`` whose keywords ``client_options`` go to: aiobotocore's
+    takes ``*args, **kwargs`` and hands them to botocore's, whose signature names them."""
+    try:
+        import aiobotocore.session  # noqa: F401 - the SDK this adapter needs
+        from botocore.session import Session
+    except ImportError as exc:
+        raise ImportError("ackgate-sqs needs aiobotocore: pip install 'ackgate[sqs]'") from exc
+    return Session.create_client
 
 
 class SqsStreamProducer(SharedStreamProducer):
@@ -160,6 +219,9 @@ class SqsStreamProducer(SharedStreamProducer):
             raise ValueError(
                 f"visibility_timeout must be within 1..43200, got {visibility_timeout!r}"
             )
+        if client_options:
+            # A misspelt option would otherwise fail every restart, inside the stream.
+            check_options(client_options, _create_client(), what="aiobotocore create_client")
         self._queue_url = queue_url
         self._fifo = queue_url.endswith(".fifo")
         self._dlq_url = dlq_queue_url
@@ -221,6 +283,9 @@ class SqsStreamProducer(SharedStreamProducer):
             try:
                 received = await asyncio.shield(self._receiving)
             except Exception as exc:
+                refused = _refusal(exc, self._queue_url)
+                if refused is not None:
+                    raise refused from exc
                 if not _unreachable(exc):
                     raise
                 # An outage: said once (the core logs it), retried until SQS answers.
@@ -232,6 +297,12 @@ class SqsStreamProducer(SharedStreamProducer):
             self.upstream_back()
             for pair in received:
                 yield pair
+
+    def __repr__(self) -> str:
+        return (
+            f"<SqsStreamProducer queue_url={self._queue_url!r} dlq_queue_url={self._dlq_url!r} "
+            f"options={masked_options(self._client_args)!r}>"
+        )
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         receipt: Receipt = broker_payload
