@@ -42,9 +42,10 @@ class PermanentUpstreamError(AckGateError):
     :meth:`~ackgate.SharedStreamProducer.advance`.
 
     A service treats it as a configuration error
-    (docs/production.md#permanent-errors-and-exit-codes): its ``run()`` raises it, and ``ackgate run`` exits 1 naming it, unless the
-    service was made with ``retry_on_auth_error=SECONDS`` (credentials being
-    rotated), which starts the group again every ``SECONDS``.
+    (docs/production.md#permanent-errors-and-exit-codes): its ``run()`` raises it,
+    and ``ackgate run`` exits 1 naming it, unless the service was made with
+    ``retry_on_auth_error=SECONDS`` (credentials being rotated), which starts the
+    group again every ``SECONDS``.
 
     ``str(error)`` is the one line an operator reads ("authentication failed for
     user alice (SCRAM-SHA-512)"): it names the identity and the mechanism, never a

@@ -17,6 +17,7 @@ hold a body or a secret (docs/production.md#security), so they are left as they 
 
 from __future__ import annotations
 
+import ast
 import logging
 import re
 
@@ -54,9 +55,17 @@ _SECRET_SETTING = re.compile(
 )
 
 
+def _bytes_redacted(match: re.Match[str]) -> str:
+    try:
+        size = len(ast.literal_eval(match.group()))
+    except (ValueError, SyntaxError):  # cut short by the library's own truncation
+        return "<bytes redacted>"
+    return f"<{size} bytes redacted>"
+
+
 def redact(text: str) -> str:
     """``text`` without bytes literals' contents and without secret settings' values."""
-    text = _BYTES.sub(lambda match: f"<{len(match.group()) - 3} bytes redacted>", text)
+    text = _BYTES.sub(_bytes_redacted, text)
     return _SECRET_SETTING.sub(lambda match: f"{match.group(1)}<redacted>", text)
 
 

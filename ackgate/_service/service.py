@@ -57,8 +57,9 @@ class ServiceStats:
             ``run()``, during a restart backoff, after the stop).
         handlers: Per handler id, in registration order.
         restarts: Times the group was restarted after it ended.
-        refused: While ``retry_on_auth_error`` retries a broker's refusal, its reason
-            ("authentication failed for user alice (SCRAM-SHA-512)"); else ``None``.
+        refused: While no group is live because the broker refused the last one and
+            ``retry_on_auth_error`` retries it, the refusal's reason ("authentication
+            failed for user alice (SCRAM-SHA-512)"); else ``None``.
     """
 
     key: Hashable
@@ -561,7 +562,7 @@ class Service:
                 {hid: counters.snapshot(hid) for hid, counters in self._counters.items()}
             ),
             restarts=self._restarts,
-            refused=self._refused,
+            refused=self._refused if group is None else None,
         )
 
 
