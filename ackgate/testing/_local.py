@@ -237,7 +237,15 @@ class LocalKafkaBroker:
             cluster_id = "-"
             while cluster_id.startswith("-"):  # the tool's parser takes "-..." for an option
                 cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-            storage = ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)]
+            storage = [
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                cluster_id,
+                "-c",
+                str(config),
+                *self._format_options(),
+            ]
             with self.log.open("ab") as out:
                 formatted = subprocess.run(
                     ["java", *self.java_opts, "-cp", classpath, *storage],
@@ -283,8 +291,18 @@ class LocalKafkaBroker:
         if process is not None:
             _stop(process)
 
+    def _format_options(self) -> list[str]:
+        """More ``kafka-storage format`` arguments (a subclass adds SCRAM users)."""
+        return []
+
     def _write_config(self) -> Path:
         config = self.workdir / "server.properties"
+        settings = self._settings()
+        config.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
+        return config
+
+    def _settings(self) -> dict[str, str]:
+        """``server.properties``: one PLAINTEXT listener and the KRaft controller."""
         listeners = f"PLAINTEXT://{self.bootstrap},CONTROLLER://127.0.0.1:{self.controller_port}"
         settings = {
             "process.roles": "broker,controller",
@@ -305,8 +323,7 @@ class LocalKafkaBroker:
             "group.initial.rebalance.delay.ms": "0",
             "group.min.session.timeout.ms": "1000",
         }
-        config.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
-        return config
+        return settings
 
 
 @contextmanager
