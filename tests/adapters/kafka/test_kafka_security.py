@@ -146,19 +146,30 @@ async def test_the_right_credentials_commit_to_the_end_and_write_the_dlq(
     assert sorted(record.value for record in dead) == sorted(body(n) for n in BAD)
 
 
-async def test_a_wrong_password_is_refused_by_the_producer_not_taken_for_an_outage(
-    secured: SecuredKafkaBroker,
+@pytest.mark.parametrize("case", ["wrong password", "untrusted CA"])
+async def test_a_refusal_is_told_from_an_outage_by_the_producer(
+    secured: SecuredKafkaBroker, case: str
 ) -> None:
-    options = secured.client_options(sasl_plain_password="wrong")
+    refusal: type[Exception]
+    if case == "wrong password":
+        options = secured.client_options(sasl_plain_password="wrong")
+        refusal, expected = (
+            AuthenticationFailed,
+            r"^authentication failed for user alice \(SCRAM-SHA-512\)$",
+        )
+    else:
+        options = secured.client_options(ssl_context=secured.ssl_context(secured.other_ca))
+        refusal, expected = (
+            TLSVerificationFailed,
+            r"^TLS: the broker's certificate is not trusted \(CERTIFICATE_VERIFY_FAILED: ",
+        )
     bootstrap = options.pop("bootstrap_servers")
     producer = KafkaStreamProducer(
-        "any", bootstrap_servers=bootstrap, group_id="g-wrong", **options
+        "any", bootstrap_servers=bootstrap, group_id="g-refused", **options
     )
     stream = producer.open_stream()
     try:
-        with pytest.raises(
-            AuthenticationFailed, match=r"^authentication failed for user alice \(SCRAM-SHA-512\)$"
-        ):
+        with pytest.raises(refusal, match=expected):
             async with asyncio.timeout(60):
                 await anext(stream)
     finally:
@@ -175,7 +186,8 @@ async def test_a_wrong_password_is_refused_by_the_producer_not_taken_for_an_outa
         ),
         (
             "untrusted CA",
-            "TLSVerificationFailed: TLS: the broker's certificate is not trusted (CERTIFICATE_VERIFY_FAILED",
+            "TLSVerificationFailed: TLS: the broker's certificate is not trusted "
+            "(CERTIFICATE_VERIFY_FAILED",
         ),
     ],
 )
