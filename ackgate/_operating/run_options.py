@@ -1,5 +1,5 @@
 """The operability options of ``ackgate run``: ``--health-port``, ``--health-host``,
-``--metrics-port`` and ``--workers`` (the servers themselves are in
+``--metrics-port``, ``--metrics-host`` and ``--workers`` (the servers themselves are in
 :mod:`ackgate._operating.health`, :mod:`ackgate._service.telemetry` and
 :mod:`ackgate._operating.worker_processes`)."""
 
@@ -51,7 +51,8 @@ def _port(text: str) -> int:
 
 
 def add_operability_options(run: Any) -> None:
-    """Add ``--health-port``, ``--health-host``, ``--metrics-port`` and ``--workers``."""
+    """Add ``--health-port``, ``--health-host``, ``--metrics-port``, ``--metrics-host``
+    and ``--workers``."""
     run.add_argument(
         "--health-port",
         type=_port,
@@ -63,7 +64,9 @@ def add_operability_options(run: Any) -> None:
         "--health-host",
         default="0.0.0.0",
         metavar="HOST",
-        help="address the health and metrics endpoints listen on (default: %(default)s)",
+        help="address the health endpoints listen on; they say which services are not "
+        "ready and why, so bind them to the pod's or the loopback address "
+        "(default: %(default)s)",
     )
     run.add_argument(
         "--metrics-port",
@@ -72,6 +75,13 @@ def add_operability_options(run: Any) -> None:
         help="serve the OpenTelemetry metrics in Prometheus text format on this port "
         "(needs the otel extra: pip install 'ackgate[otel]'); with --workers N, "
         "worker i serves on PORT+i",
+    )
+    run.add_argument(
+        "--metrics-host",
+        metavar="HOST",
+        help="address the metrics endpoint listens on; the metrics name the services, "
+        "handlers and topics or queues, so bind it to the pod's or the loopback address "
+        "(default: --health-host)",
     )
     run.add_argument(
         "--workers",
@@ -102,11 +112,21 @@ def prepare_operability(opts: argparse.Namespace) -> None:
             "pip install 'ackgate[otel]'"
         ) from None
     try:
-        server, _thread = start_http_server(opts.metrics_port, addr=opts.health_host)
+        server, _thread = start_http_server(opts.metrics_port, addr=metrics_host(opts))
     except OSError as error:
         raise BadTarget(f"--metrics-port {opts.metrics_port}: {error.strerror}") from None
     metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
-    logger.info("metrics in Prometheus text format on port %d", server.server_port)
+    logger.info(
+        "metrics in Prometheus text format on port %d (address %s)",
+        server.server_port,
+        metrics_host(opts),
+    )
+
+
+def metrics_host(opts: argparse.Namespace) -> str:
+    """The address ``--metrics-port`` listens on: ``--metrics-host``, else ``--health-host``."""
+    host: str | None = getattr(opts, "metrics_host", None)
+    return opts.health_host if host is None else host
 
 
 def start_health(
