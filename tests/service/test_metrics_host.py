@@ -47,9 +47,9 @@ def scrape(host: str, port: int) -> int:
 
 def test_metrics_host_is_where_the_metrics_listen(tmp_path: Path) -> None:
     (tmp_path / "app.py").write_text(APP)
+    hosts = ["--metrics-host", "127.0.0.2", "--health-host", "127.0.0.1"]
     child = subprocess.Popen(
-        [sys.executable, "-m", "ackgate", "run", "app:service", "--metrics-port", "0"]
-        + ["--metrics-host", "127.0.0.2", "--health-host", "127.0.0.1"],
+        [sys.executable, "-m", "ackgate", "run", "app:service", "--metrics-port", "0", *hosts],
         cwd=tmp_path,
         stderr=subprocess.PIPE,
         text=True,
