@@ -1,8 +1,8 @@
-"""Kafka over a SASL_SSL listener (docs/production.md#security): the right
-credentials consume, commit and dead-letter; refused credentials and an untrusted
-CA make ``ackgate run`` exit 1, naming the cause in ackgate's own line; a misspelt
-option is refused at once; and no password reaches a log line, even at
-``--log-level DEBUG``.
+"""Kafka over a SASL_SSL listener (docs/production.md#security): the conformance
+suite passes over it; the right credentials consume, commit and dead-letter;
+refused credentials and an untrusted CA make ``ackgate run`` exit 1, naming the
+cause in ackgate's own line; a misspelt option is refused at once; and no password
+reaches a log line, even at ``--log-level DEBUG``.
 
 One secured broker for the module (its start is ~10 s), next to the session's
 plain one (the adapter tests' usual broker is untouched).
@@ -24,8 +24,12 @@ from aiokafka import AIOKafkaProducer
 
 from ackgate import AuthenticationFailed, Message, Reject, Service, TLSVerificationFailed
 from ackgate.testing._secured_kafka import SecuredKafkaBroker
+from ackgate.testing.brokers import KafkaBroker
+from ackgate.testing.conformance import ConformanceSuite
+from ackgate.testing.resources import KafkaFresh
 from ackgate_kafka import KafkaStreamProducer
 
+from . import test_kafka_conformance as conformance
 from .kafka_testlib import KafkaTestCluster
 
 HERE = Path(__file__).resolve().parent
@@ -263,3 +267,29 @@ async def test_no_password_in_any_line_of_a_debug_run_over_sasl_plain(
     else:  # asked for: there, warned about, and their SASL bytes redacted
         assert "SaslAuthenticateRequest" in out and "sasl_auth_bytes=<" in out
         assert "do not ship these logs" in out
+
+
+class SecuredKafkaHarness(conformance.KafkaHarness):
+    """The conformance harness with the producer under test (and its DLQ producer) on
+    the SASL_SSL listener; topics, publishing and checks go through the PLAINTEXT one."""
+
+    def __init__(self, secured: SecuredKafkaBroker) -> None:
+        super().__init__(KafkaFresh(KafkaBroker(secured.bootstrap)))
+        self.secured = secured
+
+    def producer(self) -> KafkaStreamProducer:
+        options = self.secured.client_options()
+        bootstrap = options.pop("bootstrap_servers")
+        return KafkaStreamProducer(
+            self.topic,
+            bootstrap_servers=bootstrap,
+            group_id=self.group,
+            dlq_topic=self.dlq,
+            **options,
+        )
+
+
+class TestKafkaConformanceOverSaslSsl(ConformanceSuite):
+    @pytest.fixture
+    def harness(self, secured: SecuredKafkaBroker) -> SecuredKafkaHarness:
+        return SecuredKafkaHarness(secured)
