@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
-from ackgate._contract.errors import PermanentUpstreamError, StreamTerminated
+from ackgate._contract.errors import StreamTerminated
 from ackgate._contract.producer import SharedStreamProducer
 from ackgate._contract.stats import GroupStats
 from ackgate._core.manager import SharedStreamManager
@@ -37,6 +37,7 @@ from ackgate._service.handlers import (
     Ordering,
     check_spec,
 )
+from ackgate._service.refusals import Refusals, refusal_in
 from ackgate._service.retry import Retry
 from ackgate._service.telemetry import ServiceTelemetry, for_service
 from ackgate._service.unresolved import UnresolvedCalls
@@ -152,15 +153,6 @@ class Service:
                 f"restart_backoff ({restart_backoff!r})"
             )
         _check_restart_limit(restart_limit)
-        if retry_on_auth_error is not None and (
-            isinstance(retry_on_auth_error, bool)
-            or not isinstance(retry_on_auth_error, int | float)
-            or not 0 < retry_on_auth_error < math.inf
-        ):
-            raise ValueError(
-                "retry_on_auth_error must be None (a refusal is permanent) or a finite number "
-                f"of seconds > 0, got {retry_on_auth_error!r}"
-            )
         if manager is not None and options:
             raise ValueError(
                 f"manager options {sorted(options)} apply only to the service's own manager; "
@@ -177,9 +169,7 @@ class Service:
         self._restart_backoff = float(restart_backoff)
         self._max_restart_backoff = float(max_restart_backoff)
         self._restart_limit = restart_limit
-        self._retry_on_auth_error = retry_on_auth_error
-        #: The reason of the refusal being retried (``retry_on_auth_error``), else None.
-        self._refused: str | None = None
+        self._refusals = Refusals(key, retry_on_auth_error)
         self._specs: dict[str, HandlerSpec] = {}
         self._counters: dict[str, HandlerCounters] = {}
         self._workers: list[HandlerWorker] = []
@@ -422,11 +412,12 @@ class Service:
                     "configuration error, not retried"
                 )
                 raise failure
-            refusal = _refusal(cause)
+            refusal = refusal_in(cause)
             if refusal is not None:
-                await self._refused_by_broker(refusal)
+                await self._refusals.raise_or_wait(refusal, self._stopping)
+                self._restarts += 1
                 continue
-            self._refused = None
+            self._refusals.reason = None
             if self._factory.advanced_events != advanced:
                 advanced = self._factory.advanced_events
                 futile = 0
@@ -454,31 +445,6 @@ class Service:
             except TimeoutError:
                 pass
             delay = min(delay * 2, self._max_restart_backoff)
-
-    async def _refused_by_broker(self, refusal: PermanentUpstreamError) -> None:
-        """The broker refused the producer: raise it, or wait ``retry_on_auth_error``."""
-        assert self._stopping is not None
-        if self._retry_on_auth_error is None:
-            refusal.add_note(
-                f"service {self.key!r}: the broker refused it, not retried (a service made "
-                "with retry_on_auth_error=SECONDS retries it)"
-            )
-            raise refusal
-        if refusal.reason != self._refused:
-            logger.warning(
-                "service %r: %s%s; retrying every %gs (retry_on_auth_error)",
-                self.key,
-                refusal.reason,
-                f" at {refusal.address}" if refusal.address else "",
-                self._retry_on_auth_error,
-            )
-        self._refused = refusal.reason
-        self._restarts += 1
-        try:
-            async with asyncio.timeout(self._retry_on_auth_error):
-                await self._stopping.wait()
-        except TimeoutError:
-            pass
 
     async def _session(self) -> StreamTerminated | None:
         """One group life: every handler subscribed until the group ends (its error)
@@ -562,18 +528,8 @@ class Service:
                 {hid: counters.snapshot(hid) for hid, counters in self._counters.items()}
             ),
             restarts=self._restarts,
-            refused=self._refused if group is None else None,
+            refused=self._refusals.reason if group is None else None,
         )
-
-
-def _refusal(cause: BaseException) -> PermanentUpstreamError | None:
-    """The broker's refusal that ended the group, if that is what ended it."""
-    error: BaseException | None = cause
-    while error is not None:
-        if isinstance(error, PermanentUpstreamError):
-            return error
-        error = error.__cause__
-    return None
 
 
 def _check_restart_limit(limit: object) -> None:

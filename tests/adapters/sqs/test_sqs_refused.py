@@ -9,7 +9,7 @@ import pytest
 from botocore.exceptions import ClientError, NoCredentialsError, SSLError
 
 from ackgate import AuthenticationFailed, TLSVerificationFailed
-from ackgate_sqs._producer import _refusal
+from ackgate_sqs._errors import refusal
 
 QUEUE = "https://sqs.eu-west-1.amazonaws.com/1/orders"
 
@@ -35,18 +35,18 @@ def client_error(code: str, status: int) -> ClientError:
 def test_refused_credentials_and_permissions_are_authentication_failed(
     code: str, expected: str
 ) -> None:
-    refusal = _refusal(client_error(code, 403), QUEUE)
-    assert isinstance(refusal, AuthenticationFailed)
-    assert str(refusal).startswith(expected) and refusal.address == QUEUE
+    refused = refusal(client_error(code, 403), QUEUE)
+    assert isinstance(refused, AuthenticationFailed)
+    assert str(refused).startswith(expected) and refused.address == QUEUE
 
 
 def test_missing_credentials_and_an_untrusted_endpoint_are_refusals_too() -> None:
-    assert isinstance(_refusal(NoCredentialsError(), QUEUE), AuthenticationFailed)
+    assert isinstance(refusal(NoCredentialsError(), QUEUE), AuthenticationFailed)
     untrusted = SSLError(
         endpoint_url=QUEUE, error="[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed"
     )
-    assert isinstance(_refusal(untrusted, QUEUE), TLSVerificationFailed)
+    assert isinstance(refusal(untrusted, QUEUE), TLSVerificationFailed)
 
 
-def test_a_server_error_is_no_refusal() -> None:
-    assert _refusal(client_error("InternalError", 500), QUEUE) is None
+def test_a_server_error_is_norefusal() -> None:
+    assert refusal(client_error("InternalError", 500), QUEUE) is None

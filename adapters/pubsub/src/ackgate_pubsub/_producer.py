@@ -74,16 +74,14 @@ from typing import Any
 from ackgate import (
     AdvanceItem,
     AdvanceOutcome,
-    AuthenticationFailed,
     DeliveryCounts,
     Message,
     SharedStreamProducer,
     check_options,
-    masked_options,
 )
 from ackgate_pubsub._ack_calls import AckCall, run_ack_call
 from ackgate_pubsub._dead_letter import publish_dead_letters
-from ackgate_pubsub._errors import PubSubError
+from ackgate_pubsub._errors import PubSubError, refusal, shown_options
 from ackgate_pubsub._message import Received, to_message
 
 try:
@@ -155,8 +153,12 @@ class PubSubStreamProducer(SharedStreamProducer):
             raise ValueError(f"pull_timeout must be > 0, got {pull_timeout!r}")
         if isinstance(client_options, dict):
             # A misspelt key would otherwise fail every restart, inside the stream.
-            from google.api_core.client_options import ClientOptions
-
+            try:
+                from google.api_core.client_options import ClientOptions
+            except ImportError as exc:
+                raise ImportError(
+                    "ackgate-pubsub needs google-cloud-pubsub: pip install 'ackgate[pubsub]'"
+                ) from exc
             check_options(client_options, ClientOptions, what="google ClientOptions")
         self._subscription = subscription
         self._dlq_topic = dlq_topic
@@ -187,8 +189,8 @@ class PubSubStreamProducer(SharedStreamProducer):
     def __repr__(self) -> str:
         return (
             f"<PubSubStreamProducer subscription={self._subscription!r} "
-            f"dlq_topic={self._dlq_topic!r} client_options={_shown(self._client_options)!r} "
-            f"credentials={masked_options({'credentials': self._credentials})['credentials']}>"
+            f"dlq_topic={self._dlq_topic!r} client_options={shown_options(self._client_options)!r} "
+            f"credentials={'***' if self._credentials is not None else None}>"
         )
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
@@ -395,11 +397,7 @@ class PubSubStreamProducer(SharedStreamProducer):
         except (gexc.PermissionDenied, gexc.Unauthenticated) as exc:
             # No retry mends it: the identity lacks roles/pubsub.subscriber, or its
             # credentials were refused.
-            what = "access denied" if isinstance(exc, gexc.PermissionDenied) else "refused"
-            raise AuthenticationFailed(
-                f"{what} pulling {self._subscription} ({_status(exc)}): {exc.message}",
-                address=self._address(),
-            ) from exc
+            raise refusal(exc, f"pulling {self._subscription}", self._address()) from exc
         except gexc.GoogleAPIError as exc:
             raise PubSubError(f"pull from {self._subscription} failed: {exc}") from exc
         return list(PullResponse.pb(response).received_messages)
@@ -517,17 +515,3 @@ def _check_name(argument: str, name: str, kind: str) -> None:
 async def _close(transport: Any) -> None:
     close: Callable[[], Awaitable[None]] = transport.close  # the SDK leaves it untyped
     await close()
-
-
-def _status(error: Any) -> str:
-    """The gRPC status of a Google API error (``PERMISSION_DENIED``, ``UNAUTHENTICATED``)."""
-    code = getattr(error, "grpc_status_code", None)
-    return code.name if code is not None else type(error).__name__
-
-
-def _shown(client_options: Any) -> Any:
-    """``client_options`` for a ``repr``: a dict or a ``ClientOptions``, secrets masked."""
-    if client_options is None:
-        return None
-    fields = client_options if isinstance(client_options, dict) else vars(client_options)
-    return masked_options(fields)

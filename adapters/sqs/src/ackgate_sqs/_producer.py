@@ -86,16 +86,14 @@ from typing import Any
 from ackgate import (
     AdvanceItem,
     AdvanceOutcome,
-    AuthenticationFailed,
     Message,
-    PermanentUpstreamError,
     SharedStreamProducer,
-    TLSVerificationFailed,
     check_options,
     masked_options,
 )
 from ackgate_sqs._batches import BATCH_LIMIT, Coalescer, chunks, failed_ids, submit
 from ackgate_sqs._dead_letter import dead_letter
+from ackgate_sqs._errors import create_client, refusal, unreachable
 from ackgate_sqs._message import Receipt, to_message
 
 logger = logging.getLogger("ackgate.adapters.sqs")
@@ -109,68 +107,6 @@ _MAX_RETRY_BACKOFF = 30.0
 #: unanswered this long after that is stuck on the network, and its poll on the
 #: server is over: releasing can no longer feed it.
 _RECEIVE_GRACE = 5.0
-
-
-#: Error codes with which AWS refuses the caller's credentials or permissions.
-_REFUSED_CODES = frozenset(
-    {
-        "InvalidClientTokenId",
-        "UnrecognizedClientException",
-        "SignatureDoesNotMatch",
-        "InvalidAccessKeyId",
-        "ExpiredToken",
-        "ExpiredTokenException",
-        "MissingAuthenticationToken",
-        "AccessDenied",
-        "AccessDeniedException",
-    }
-)
-
-
-def _refusal(error: BaseException, address: str) -> PermanentUpstreamError | None:
-    """``error`` as a refusal no retry mends (credentials, permissions, TLS), if it is one."""
-    from botocore.exceptions import ClientError, NoCredentialsError, SSLError
-
-    if isinstance(error, ClientError):
-        code = error.response.get("Error", {}).get("Code", "")
-        if code in _REFUSED_CODES:
-            what = "access denied" if code.startswith("AccessDenied") else "authentication failed"
-            return AuthenticationFailed(
-                f"{what} ({code}): {error.response.get('Error', {}).get('Message', '')}",
-                address=address,
-            )
-    if isinstance(error, NoCredentialsError):
-        return AuthenticationFailed(f"authentication failed: {error}", address=address)
-    if isinstance(error, SSLError) and "CERTIFICATE_VERIFY_FAILED" in str(error):
-        return TLSVerificationFailed(
-            "TLS: the endpoint's certificate is not trusted (CERTIFICATE_VERIFY_FAILED)",
-            address=address,
-        )
-    return None
-
-
-def _unreachable(error: BaseException) -> bool:
-    """An error that says SQS could not be reached (or failed on its side), not that
-    the request was wrong: an outage to ride out rather than a reason to stop."""
-    from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
-
-    if isinstance(error, ConnectionError | HTTPClientError | OSError | TimeoutError):
-        return True
-    if isinstance(error, ClientError):
-        status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-        return isinstance(status, int) and status >= 500
-    return False
-
-
-def _create_client() -> Any:
-    """The ``create_client`` whose keywords ``client_options`` go to: aiobotocore's
-    takes ``*args, **kwargs`` and hands them to botocore's, whose signature names them."""
-    try:
-        import aiobotocore.session  # noqa: F401 - the SDK this adapter needs
-        from botocore.session import Session
-    except ImportError as exc:
-        raise ImportError("ackgate-sqs needs aiobotocore: pip install 'ackgate[sqs]'") from exc
-    return Session.create_client
 
 
 class SqsStreamProducer(SharedStreamProducer):
@@ -221,7 +157,7 @@ class SqsStreamProducer(SharedStreamProducer):
             )
         if client_options:
             # A misspelt option would otherwise fail every restart, inside the stream.
-            check_options(client_options, _create_client(), what="aiobotocore create_client")
+            check_options(client_options, create_client(), what="aiobotocore create_client")
         self._queue_url = queue_url
         self._fifo = queue_url.endswith(".fifo")
         self._dlq_url = dlq_queue_url
@@ -283,10 +219,10 @@ class SqsStreamProducer(SharedStreamProducer):
             try:
                 received = await asyncio.shield(self._receiving)
             except Exception as exc:
-                refused = _refusal(exc, self._queue_url)
+                refused = refusal(exc, self._queue_url)
                 if refused is not None:
                     raise refused from exc
-                if not _unreachable(exc):
+                if not unreachable(exc):
                     raise
                 # An outage: said once (the core logs it), retried until SQS answers.
                 self.upstream_lost(self._queue_url, exc)
@@ -458,7 +394,7 @@ class SqsStreamProducer(SharedStreamProducer):
             except Exception as exc:
                 # A failed call must not stop the heartbeat; the next tick retries,
                 # and at worst the message is redelivered (a duplicate, no loss).
-                if _unreachable(exc):
+                if unreachable(exc):
                     self.upstream_lost(self._queue_url, exc)  # once per outage
                 else:
                     logger.warning("SQS visibility heartbeat call failed", exc_info=True)
@@ -545,7 +481,7 @@ class SqsStreamProducer(SharedStreamProducer):
         are no longer kept invisible, so SQS redelivers them once their visibility
         lapses (a duplicate, never a loss), and the group stays up. Returns False for
         any other error, which the caller raises."""
-        if not _unreachable(error):
+        if not unreachable(error):
             return False
         self.upstream_lost(self._queue_url, error)
         logger.info(

@@ -1,0 +1,77 @@
+"""What a service's supervision does when the broker refuses its producer.
+
+A :class:`~ackgate.PermanentUpstreamError` (credentials refused, TLS verification
+failed, access denied) that ended a group is no outage: a reconnect would be refused
+the same way. By default supervision raises it (docs/production.md#permanent-errors-and-exit-codes);
+with ``retry_on_auth_error=SECONDS`` it starts the group again every ``SECONDS`` (credentials
+being rotated), logging the refusal once, and once more only when its reason changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Hashable
+
+from ackgate._contract.errors import PermanentUpstreamError
+
+logger = logging.getLogger("ackgate.service")
+
+
+def refusal_in(cause: BaseException) -> PermanentUpstreamError | None:
+    """The broker's refusal that ended the group (in ``cause``'s ``__cause__`` chain), if
+    that is what ended it."""
+    error: BaseException | None = cause
+    while error is not None:
+        if isinstance(error, PermanentUpstreamError):
+            return error
+        error = error.__cause__
+    return None
+
+
+class Refusals:
+    """One service's refusals. Caller: ``Service`` (built in ``__init__``, which
+    ``ValueError`` s a bad ``retry_every``; :meth:`raise_or_wait` from supervision).
+
+    ``reason`` is the reason of the refusal being retried, ``None`` once a group
+    ended otherwise (supervision resets it): what ``ServiceStats.refused`` shows.
+    """
+
+    def __init__(self, key: Hashable, retry_every: float | None) -> None:
+        if retry_every is not None and (
+            isinstance(retry_every, bool)
+            or not isinstance(retry_every, int | float)
+            or not 0 < retry_every < math.inf
+        ):
+            raise ValueError(
+                "retry_on_auth_error must be None (a refusal is permanent) or a finite number "
+                f"of seconds > 0, got {retry_every!r}"
+            )
+        self._key = key
+        self._retry_every = retry_every
+        self.reason: str | None = None
+
+    async def raise_or_wait(self, refusal: PermanentUpstreamError, stopping: asyncio.Event) -> None:
+        """Raise ``refusal`` (with a note naming the service), or wait the retry
+        interval (cut short by ``stopping``). Cancellation propagates."""
+        if self._retry_every is None:
+            refusal.add_note(
+                f"service {self._key!r}: the broker refused it, not retried (a service made "
+                "with retry_on_auth_error=SECONDS retries it)"
+            )
+            raise refusal
+        if refusal.reason != self.reason:
+            logger.warning(
+                "service %r: %s%s; retrying every %gs (retry_on_auth_error)",
+                self._key,
+                refusal.reason,
+                f" at {refusal.address}" if refusal.address else "",
+                self._retry_every,
+            )
+        self.reason = refusal.reason
+        try:
+            async with asyncio.timeout(self._retry_every):
+                await stopping.wait()
+        except TimeoutError:
+            pass
