@@ -89,6 +89,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    value = _seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
 def _level(text: str) -> str:
     if text.upper() not in LOG_LEVELS:
         raise argparse.ArgumentTypeError(f"pick from {', '.join(LOG_LEVELS)}, got {text!r}")
@@ -137,6 +144,17 @@ def add_parser(commands: Any) -> None:
             "(default: the services' own, unlimited unless set)"
         ),
     )
+    run.add_argument(
+        "--retry-on-auth-error",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help=(
+            "when the broker refuses a service (credentials, TLS verification, access "
+            "denied), start its group again every SECONDS instead of failing (exit 1); "
+            "overrides each service's retry_on_auth_error (default: the services' own, "
+            "a refusal is permanent unless set)"
+        ),
+    )
     add_operability_options(run)
 
 
@@ -160,9 +178,11 @@ def run_command(opts: argparse.Namespace) -> int:
             traceback.print_exception(cause)
         print(f"ackgate run: {error}: {_one_line(cause, debug=debug)}", file=sys.stderr)
         return 1
-    if opts.max_restarts is not None:
-        for service in services:
+    for service in services:
+        if opts.max_restarts is not None:
             service._set_restart_limit(opts.max_restarts)
+        if opts.retry_on_auth_error is not None:
+            service._set_retry_on_auth_error(opts.retry_on_auth_error)
     tune_gc()  # after the imports: a module's own collector settings win
     try:
         return asyncio.run(serve(services, opts.shutdown_timeout, opts))

@@ -480,6 +480,12 @@ class Service:
         assert self._state == "new", "the restart limit is read by run()"
         self._restart_limit = limit
 
+    def _set_retry_on_auth_error(self, seconds: float | None) -> None:
+        """Caller: ``ackgate run --retry-on-auth-error``, before ``run()``; overrides
+        the ``retry_on_auth_error`` the service was made with."""
+        assert self._state == "new", "refusals are handled by run()"
+        self._refusals = Refusals(self.key, seconds)
+
     # -- stopping ------------------------------------------------------------------
 
     async def stop(self, timeout: float = 30.0) -> None:  # noqa: ASYNC109 - docs/production.md#service-options
