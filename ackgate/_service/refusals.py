@@ -2,18 +2,20 @@
 
 A :class:`~ackgate.PermanentUpstreamError` (credentials refused, TLS verification
 failed, access denied) that ended a group is no outage: a reconnect would be refused
-the same way. By default supervision raises it (docs/production.md#permanent-errors-and-exit-codes);
-with ``retry_on_auth_error=SECONDS`` it starts the group again every ``SECONDS`` (credentials
-being rotated), logging the refusal once, and once more only when its reason changes.
+the same way. By default supervision raises it
+(docs/production.md#permanent-errors-and-exit-codes); with
+``retry_on_auth_error=SECONDS`` it starts the group again every ``SECONDS``
+(credentials being rotated), logging the refusal once, and once more only when its
+reason changes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Hashable
 
+from ackgate._contract.checks import check_number
 from ackgate._contract.errors import PermanentUpstreamError
 
 logger = logging.getLogger("ackgate.service")
@@ -32,21 +34,17 @@ def refusal_in(cause: BaseException) -> PermanentUpstreamError | None:
 
 class Refusals:
     """One service's refusals. Caller: ``Service`` (built in ``__init__``, which
-    ``ValueError`` s a bad ``retry_every``; :meth:`raise_or_wait` from supervision).
+    ``ValueError`` s a ``retry_every`` other than ``None`` or seconds > 0;
+    :meth:`raise_or_wait` from supervision).
 
     ``reason`` is the reason of the refusal being retried, ``None`` once a group
     ended otherwise (supervision resets it): what ``ServiceStats.refused`` shows.
     """
 
     def __init__(self, key: Hashable, retry_every: float | None) -> None:
-        if retry_every is not None and (
-            isinstance(retry_every, bool)
-            or not isinstance(retry_every, int | float)
-            or not 0 < retry_every < math.inf
-        ):
-            raise ValueError(
-                "retry_on_auth_error must be None (a refusal is permanent) or a finite number "
-                f"of seconds > 0, got {retry_every!r}"
+        if retry_every is not None:
+            retry_every = check_number(
+                "retry_on_auth_error", retry_every, minimum=0, inclusive=False
             )
         self._key = key
         self._retry_every = retry_every

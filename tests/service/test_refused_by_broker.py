@@ -101,7 +101,7 @@ async def test_retry_on_auth_error_retries_logs_once_and_says_why_in_readyz(
 
 @pytest.mark.parametrize("value", [0, -1, float("inf"), True, "30"])
 def test_retry_on_auth_error_is_checked(broker: MemoryBroker, value: Any) -> None:
-    with pytest.raises(ValueError, match="retry_on_auth_error must be None"):
+    with pytest.raises(ValueError, match="retry_on_auth_error must be a finite number > 0"):
         Service(
             "orders",
             producer=lambda: MemoryStreamProducer(broker, "o", "g"),
