@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaProducer, errors
 
 from ackgate import AuthenticationFailed, Message, Reject, Service, TLSVerificationFailed
 from ackgate.testing._secured_kafka import SecuredKafkaBroker
@@ -267,6 +267,19 @@ async def test_no_password_in_any_line_of_a_debug_run_over_sasl_plain(
     else:  # asked for: there, warned about, and their SASL bytes redacted
         assert "SaslAuthenticateRequest" in out and "sasl_auth_bytes=<" in out
         assert "do not ship these logs" in out
+
+
+@pytest.mark.parametrize(
+    "error", [errors.GroupAuthorizationFailedError, errors.TopicAuthorizationFailedError]
+)
+def test_an_acl_refusal_ends_the_group_as_authentication_failed(error: type[Exception]) -> None:
+    """A broker with ACLs answers a join, a fetch, a commit or a DLQ write with these;
+    the producer raises them as refusals, which a service does not retry."""
+    producer = KafkaStreamProducer("orders", bootstrap_servers="b:9093", group_id="g")
+    producer._errors = errors
+    refused = producer._translate(error(), "commit failed")
+    assert isinstance(refused, AuthenticationFailed)
+    assert str(refused) == f"access denied: {error.__name__} (the ACLs do not allow it)"
 
 
 class SecuredKafkaHarness(conformance.KafkaHarness):

@@ -21,6 +21,7 @@ from ackgate_kafka._dead_letter import dead_letter_headers
 from ackgate_kafka._membership import MembershipKeeper
 from ackgate_kafka._offset_map import OffsetRuns, encode
 from ackgate_kafka._partitions import Delivery, PartitionState
+from ackgate_kafka._refusals import refusal
 
 log = logging.getLogger("ackgate.adapters.kafka")
 
@@ -265,7 +266,19 @@ class PartitionOwner(SharedStreamProducer):
             ", ".join(sorted(f"{tp.topic}-{tp.partition}" for tp in parts)),
         )
 
+    @property
+    def _address(self) -> str:
+        """The bootstrap servers, as a refusal names them."""
+        servers = self._bootstrap_servers
+        return servers if isinstance(servers, str) else ",".join(servers)
+
     def _translate(self, exc: BaseException, what: str) -> Exception:
+        """``exc`` as what ends the group: the broker's refusal (credentials, ACLs),
+        which a service does not retry, or an error naming the group and servers."""
+        client = getattr(self._consumer, "_client", None)
+        refused = refusal(self._errors, exc, client, self._address)
+        if refused is not None:
+            return refused
         message = f"Kafka {what} (group={self._group_id!r}, servers={self._bootstrap_servers!r})"
         if isinstance(exc, self._errors.KafkaConnectionError):
             return ConnectionError(f"{message}: cannot reach the cluster: {exc}")

@@ -21,7 +21,7 @@ from ackgate_kafka._membership import MembershipKeeper
 from ackgate_kafka._offset_map import decode
 from ackgate_kafka._outage import OutageWatch
 from ackgate_kafka._partitions import Delivery, PartitionState
-from ackgate_kafka._refusals import diagnose, refusal
+from ackgate_kafka._refusals import diagnose
 
 log = logging.getLogger("ackgate.adapters.kafka")
 
@@ -93,11 +93,6 @@ class Fetcher(PartitionOwner):
 
     _topics: list[str]
     _options: dict[str, Any]
-
-    @property
-    def _address(self) -> str:
-        servers = self._bootstrap_servers
-        return servers if isinstance(servers, str) else ",".join(servers)
 
     async def _chunks(self) -> AsyncGenerator[Chunk, None]:
         """A :class:`Chunk` for up to 256 records of one partition of a fetch at a
@@ -180,13 +175,10 @@ class Fetcher(PartitionOwner):
                 await self._dlq.start()
         except aiokafka.errors.KafkaError as exc:
             # "Unable to bootstrap" hides a refusal: connect once more to find out.
-            refused = refusal(aiokafka.errors, exc, self._consumer._client, self._address) or (
-                await diagnose(aiokafka, self._consumer._client, self._address)
-                if isinstance(exc, aiokafka.errors.KafkaConnectionError)
-                else None
-            )
-            if refused is not None:
-                raise refused from exc
+            if isinstance(exc, aiokafka.errors.KafkaConnectionError):
+                refused = await diagnose(aiokafka, self._consumer._client, self._address)
+                if refused is not None:
+                    raise refused from exc
             raise self._translate(exc, "could not join the consumer group") from exc
         log.info("Kafka consumer started group=%s topics=%s", self._group_id, self._topics)
         self.upstream_back()  # joined: the cluster answers (a no-op unless it was lost)
@@ -212,9 +204,6 @@ class Fetcher(PartitionOwner):
                     finally:
                         keeper.fetch_ended()
                 except aiokafka.errors.KafkaError as exc:
-                    refused = refusal(aiokafka.errors, exc, self._consumer._client, self._address)
-                    if refused is not None:
-                        raise refused from exc
                     log.error("Kafka poll failed group=%s: %r", self._group_id, exc)
                     raise self._translate(exc, "poll failed") from exc
                 # Epochs as of the fetch, for every partition in it: a partition revoked

@@ -27,7 +27,8 @@ _DIAGNOSE_TIMEOUT = 10.0
 def refusal(
     errors: Any, exc: BaseException, client: Any, address: str
 ) -> PermanentUpstreamError | None:
-    """``exc`` as a refusal, if it is one aiokafka raised to the caller itself."""
+    """``exc`` as a refusal, if it is one (aiokafka raised it to the caller itself, or
+    :func:`diagnose` met it); ``client`` (aiokafka's, may be ``None``) names the user."""
     if isinstance(exc, ssl.SSLCertVerificationError):
         return TLSVerificationFailed(
             f"TLS: the broker's certificate is not trusted ({exc.reason}: {exc.verify_message})",
