@@ -24,7 +24,9 @@ on any lost, early or out-of-order message, or when the messages were not all
 committed in the end.
 
 Every namespace, link and process it made is removed on exit, failure and SIGTERM or
-SIGINT included. Not part of the test run.
+SIGINT included (after a SIGKILL of this script, its processes get SIGTERM from the
+kernel and the next run removes its namespaces). Not part of the test run: CI runs
+``--quick`` from ``.ci/run``.
 """
 
 from __future__ import annotations

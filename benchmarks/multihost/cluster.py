@@ -18,7 +18,7 @@ from pathlib import Path
 
 from network import Network
 
-from ackgate.testing._local import kafka_libs, kafka_metadata_ok, log_tail
+from ackgate.testing._local import _die_with_parent, kafka_libs, kafka_metadata_ok, log_tail
 
 JAVA_OPTS = ("-Xms128m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
 BROKERS = ("k1", "k2", "k3")
@@ -120,6 +120,7 @@ class Cluster:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,  # SIGTERM if the driver is SIGKILLed
             )
 
     async def ready(self, broker: str, within: float) -> None:

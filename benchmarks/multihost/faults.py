@@ -33,8 +33,9 @@ async def host_cut(run: Run, durations: Durations) -> None:
     run.network.cut(victim)
     run.held()
     run.note(f"{victim} cut off from the brokers")
-    await asyncio.sleep(durations.cut)
-    await run.check_early()
+    back_at = asyncio.get_running_loop().time() + durations.cut
+    await run.check_early()  # inside the cut: it takes seconds at the full size
+    await asyncio.sleep(max(0.0, back_at - asyncio.get_running_loop().time()))
     run.fault(f"{victim} back")
     run.network.mend(victim)
     run.held()
@@ -54,9 +55,10 @@ async def leader_kill(run: Run, durations: Durations) -> None:
     run.note(f"broker {broker} (node {node}, leader of partition 0) SIGKILLed")
     await run.check_early()
     await asyncio.sleep(durations.broker_down)
-    run.fault(f"broker {broker} restarted")
     run.cluster.start(broker)
     await run.cluster.ready(broker, 120)
+    # From its return, not from the start command: a JVM's start is not the fault's cost.
+    run.fault(f"broker {broker} answering again")
     run.held()
     run.note(f"broker {broker} answering again")
     moved = await run.leaders()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from network import Network
 
-from ackgate.testing._local import http_status
+from ackgate.testing._local import _die_with_parent, http_status
 
 HERE = Path(__file__).resolve().parent
 HEALTH_PORT = 8080
@@ -47,6 +47,7 @@ class Host:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,  # SIGTERM if the driver is SIGKILLed
             )
 
     async def ready(self, within: float) -> float:
@@ -68,7 +69,7 @@ class Host:
         if self.process is not None:
             self.process.wait(timeout=30)
             self.process = None
-        return len(killed)
+        return killed
 
     async def terminate(self) -> int:
         """SIGTERM, as an orchestrator stops a host; its exit status once it is gone."""

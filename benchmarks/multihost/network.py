@@ -10,7 +10,9 @@ assigns, on an interface it created; nothing else is routed anywhere.
 :class:`Network` is a context manager; its cleanup (also registered with ``atexit`` and
 run on SIGTERM, SIGINT and SIGHUP) kills every process left in its namespaces, deletes
 the namespaces (which deletes their veth pairs) and the root link, and releases the
-subnet. It runs once, however many of those fire.
+subnet. It runs once, however many of those fire. A driver that is SIGKILLed cannot
+clean up: its brokers and hosts get SIGTERM from the kernel (``PR_SET_PDEATHSIG``), and
+the next run removes its namespaces and link (:func:`remove_leftovers`).
 """
 
 from __future__ import annotations
@@ -43,18 +45,63 @@ def ip(*args: str, check: bool = True) -> str:
     return done.stdout
 
 
-def _claim_subnet() -> tuple[int, IO[str]]:
-    """The first free 10.77.N.0/24 and the lock file that keeps it ours."""
+def _kill_namespace(name: str) -> None:
+    """SIGKILL every process in namespace ``name`` (a bounded wait until they are gone)."""
+    for _attempt in range(50):
+        out = ip("netns", "pids", name, check=False)
+        pids = [int(word) for word in out.split()]
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+
+
+def remove_leftovers() -> list[str]:
+    """The namespaces and root links of earlier runs that could not clean up (a SIGKILL
+    of the driver): their lock file is no longer held. Returns what it removed."""
+    removed = []
+    namespaces = [line.split()[0] for line in ip("netns", "list").splitlines() if line]
+    for path in sorted(LOCKS.glob("ackgate-multihost-10.77.*.lock")):
+        with path.open("a+") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # a run that is alive
+            lock.seek(0)
+            run_id = lock.read().strip()
+            if not run_id:
+                continue
+            for name in namespaces:
+                if name.startswith(f"ackgate-mh-{run_id}-"):
+                    _kill_namespace(name)
+                    ip("netns", "del", name, check=False)
+                    removed.append(name)
+            link = f"mh{run_id}r"
+            if ip("link", "show", link, check=False):
+                ip("link", "del", link, check=False)
+                removed.append(link)
+            lock.truncate(0)
+    return removed
+
+
+def _claim_subnet(run_id: str) -> tuple[int, IO[str]]:
+    """The first free 10.77.N.0/24 and the lock file that keeps it ours (it names the run,
+    for :func:`remove_leftovers`)."""
     used = ip("-o", "-4", "addr", "show")
     for n in SUBNETS:
         if f" 10.77.{n}." in used:
             continue
-        lock = (LOCKS / f"ackgate-multihost-10.77.{n}.lock").open("w")
+        lock = (LOCKS / f"ackgate-multihost-10.77.{n}.lock").open("a+")
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             lock.close()
             continue
+        lock.truncate(0)
+        lock.write(run_id)
+        lock.flush()
         return n, lock
     raise NetworkError("no free 10.77.N.0/24 subnet")
 
@@ -108,7 +155,8 @@ class Network:
         ip("-n", name, "link", "set", "lo", "up")
 
     def _build(self) -> None:
-        self.subnet, self._lock = _claim_subnet()
+        remove_leftovers()
+        self.subnet, self._lock = _claim_subnet(self.run_id)
         hub = self.namespace("hub")
         self._add_namespace(hub)
         ip("-n", hub, "link", "add", "br0", "type", "bridge")
@@ -143,29 +191,19 @@ class Network:
     def mend(self, host: str) -> None:
         ip("-n", self.namespace("hub"), "link", "set", self._hub_link(host), "up")
 
-    def pids(self, host: str) -> list[int]:
+    def kill_all(self, host: str) -> int:
+        """SIGKILL every process in ``host``'s namespace; how many there were."""
         out = ip("netns", "pids", self.namespace(host), check=False)
-        return [int(word) for word in out.split()]
-
-    def kill_all(self, host: str, signum: int = signal.SIGKILL) -> list[int]:
-        """Send ``signum`` to every process in ``host``'s namespace; the pids signalled."""
-        pids = self.pids(host)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signum)
-        return pids
+        count = len(out.split())
+        _kill_namespace(self.namespace(host))
+        return count
 
     def cleanup(self) -> None:
         if self._cleaned:
             return
         self._cleaned = True
         for name in self._namespaces:
-            host = name.rsplit("-", 1)[-1]
-            # A bounded wait: SIGKILLed processes are gone within moments.
-            for _attempt in range(50):
-                if not self.kill_all(host):
-                    break
-                time.sleep(0.1)
+            _kill_namespace(name)
         for name in reversed(self._namespaces):
             ip("netns", "del", name, check=False)
         ip("link", "del", self._root_link, check=False)
