@@ -57,7 +57,7 @@ FULL = Size(
     drain_timeout=300,
 )
 QUICK = Size(
-    messages=10_000, partitions=6, keys=200, produce_seconds=24, fault_at=0.25, drain_timeout=90
+    messages=10_000, partitions=6, keys=200, produce_seconds=30, fault_at=0.25, drain_timeout=90
 )
 FULL_DURATIONS = faults.Durations(cut=60, broker_down=30, settle=5)
 QUICK_DURATIONS = faults.Durations(cut=10, broker_down=6, settle=2)
