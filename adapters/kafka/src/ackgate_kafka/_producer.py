@@ -124,6 +124,9 @@ from ackgate_kafka._message import check_value, wrap, wrap_all
 
 log = logging.getLogger("ackgate.adapters.kafka")
 
+#: ``metadata_max_age_ms`` unless given: how soon new partitions of a topic are seen.
+DEFAULT_METADATA_MAX_AGE_MS = 30_000
+
 
 class KafkaStreamProducer(Fetcher):
     """Consume ``topics`` as consumer group ``group_id``; commit only what all subscribers resolved.
@@ -173,6 +176,9 @@ class KafkaStreamProducer(Fetcher):
         if rebalance_drain_timeout < 0:
             raise ValueError("rebalance_drain_timeout must be >= 0")
         consumer_options.setdefault("auto_offset_reset", "earliest")
+        # aiokafka's default is 5 minutes: partitions added to a topic would wait that
+        # long to be assigned and read.
+        consumer_options.setdefault("metadata_max_age_ms", DEFAULT_METADATA_MAX_AGE_MS)
         self._bootstrap_servers = bootstrap_servers
         self._group_id = group_id
         self._dlq_topic = dlq_topic
