@@ -331,7 +331,8 @@ class LaneTracker:
             room.set_result(None)
 
     def oldest_run(self) -> Run | None:
-        """The run broadcast first among those not advanced yet. O(lanes)."""
+        """The run broadcast first among those not advanced yet (the first in stream
+        order among those broadcast at the same time). O(lanes)."""
         oldest: Run | None = None
         for lane in self.lanes.values():
             if lane.in_flight:
@@ -340,6 +341,9 @@ class LaneTracker:
                 first = lane.runs[0]
             else:
                 continue
-            if oldest is None or first.broadcast_at < oldest.broadcast_at:
+            if oldest is None or (first.broadcast_at, first.position) < (
+                oldest.broadcast_at,
+                oldest.position,
+            ):
                 oldest = first
         return oldest
