@@ -29,6 +29,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
+import os
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -43,7 +44,7 @@ LOOP_DEADLINE = 1.0
 #: Seconds a client has to send its request, headers included.
 READ_TIMEOUT = 5.0
 #: Connections open at once; one more is closed as soon as it is accepted.
-MAX_CONNECTIONS = 256
+MAX_CONNECTIONS = 512
 #: The listen backlog (the kernel caps it at ``net.core.somaxconn``).
 BACKLOG = 1024
 #: A request line and headers larger than this are refused (431).
@@ -187,7 +188,9 @@ class HealthServer:
                 self._connection, host, port, backlog=BACKLOG, limit=MAX_REQUEST_BYTES
             )
         except OSError as error:
-            started.set_exception(error)
+            # asyncio's message repeats the address; the caller names the port itself.
+            errno = error.errno
+            started.set_exception(OSError(errno, os.strerror(errno)) if errno else error)
             return
         started.set_result(server.sockets[0].getsockname()[1])
         async with server:

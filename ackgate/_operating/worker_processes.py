@@ -153,7 +153,9 @@ class Workers:
             started = time.monotonic()
             code = await self._life(worker)
             if self._stopping.is_set():
-                return code
+                # Killed by the very signal forwarded to stop it (it came before the
+                # worker set up its handlers, while it was starting): stopped, not failed.
+                return 0 if code in (-signal.SIGTERM, -signal.SIGINT) else code
             if code == 2:
                 logger.error(
                     "worker %d exited 2 (a bad target or option): stopping every worker",

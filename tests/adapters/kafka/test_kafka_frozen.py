@@ -65,18 +65,14 @@ async def test_a_frozen_broker_is_reported_within_10_seconds(
                     while (g := service.stats().group) is None or g.upstream_connected:
                         await asyncio.sleep(0.05)
                 shown_after = time.monotonic() - frozen_at
-                lost = [
-                    r.getMessage() for r in caplog.records if r.name == "ackgate.upstream"
-                ]
+                lost = [r.getMessage() for r in caplog.records if r.name == "ackgate.upstream"]
                 assert len(lost) == 1 and lost[0].startswith("Upstream lost"), lost
                 assert "did not answer an ApiVersions request" in lost[0]
                 print(f"frozen broker reported after {shown_after:.1f}s")
             finally:
                 os.kill(process.pid, signal.SIGCONT)
             async with asyncio.timeout(30):
-                while not any(
-                    r.getMessage().startswith("Upstream back") for r in caplog.records
-                ):
+                while not any(r.getMessage().startswith("Upstream back") for r in caplog.records):
                     await asyncio.sleep(0.05)
             messages = [r.getMessage() for r in caplog.records if r.name == "ackgate.upstream"]
             assert [m.split(" ", 2)[:2] for m in messages] == [

@@ -46,7 +46,9 @@ async def test_lag_and_the_oldest_message_are_exact_while_a_handler_is_blocked(
     await kafka.produce(topic, COUNT, PARTITIONS)
     service = Service(
         "lagged",
-        producer=lambda: KafkaStreamProducer(topic, bootstrap_servers=kafka.bootstrap, group_id=group),
+        producer=lambda: KafkaStreamProducer(
+            topic, bootstrap_servers=kafka.bootstrap, group_id=group
+        ),
     )
     release = asyncio.Event()
     fast_done: list[int] = []
@@ -102,10 +104,12 @@ async def test_lag_and_the_oldest_message_are_exact_while_a_handler_is_blocked(
 
         release.set()
         await until(
-            lambda: (g := service.stats().group) is not None
-            and g.broker_lag is not None
-            and g.broker_lag.total == 0
-            and g.oldest is None,
+            lambda: (
+                (g := service.stats().group) is not None
+                and g.broker_lag is not None
+                and g.broker_lag.total == 0
+                and g.oldest is None
+            ),
             "no lag once released",
         )
     finally:
@@ -136,7 +140,9 @@ async def test_a_used_offset_map_is_logged_with_the_offsets_it_skips(
     seen: list[bytes] = []
     service = Service(
         "mapped",
-        producer=lambda: KafkaStreamProducer(topic, bootstrap_servers=kafka.bootstrap, group_id=group),
+        producer=lambda: KafkaStreamProducer(
+            topic, bootstrap_servers=kafka.bootstrap, group_id=group
+        ),
     )
 
     @service.handler("only")
