@@ -1,8 +1,9 @@
 """docs/production.md#watching-it ``ackgate run --workers``: a worker that exits 2 (a bad target:
 every restart would fail the same way) stops them all and the parent exits 2, instead of restarting
-it forever. A dead worker fails ``/livez``, naming it; a SIGTERM while it waits for its restart
-exits 0, and a health port already in use is one line and exit 2 (the exit code table of
-docs/production.md#permanent-errors-and-exit-codes). (Workers on a broker: tests/adapters/kafka/test_kafka_workers.py.)"""
+it forever. A dead worker fails ``/livez``, naming it; a SIGTERM while it waits for its
+restart exits 0, and a health port already in use is one line and exit 2 (the exit code
+table of docs/production.md#permanent-errors-and-exit-codes). (Workers on a broker:
+tests/adapters/kafka/test_kafka_workers.py.)"""
 
 from __future__ import annotations
 

@@ -32,9 +32,10 @@ COUNT = 10  # values 0..9, n on partition n % 2: partition 0 holds 0, 2, 4, 6, 8
 async def until(check: Callable[[], Any], what: str, limit: float = 20.0) -> Any:
     """Poll ``check`` (statistics offer nothing to await), bounded."""
     async with asyncio.timeout(limit):
-        while not (found := check()):
+        while True:
+            if found := check():
+                return found
             await asyncio.sleep(0.05)
-    return found
 
 
 async def test_lag_and_the_oldest_message_are_exact_while_a_handler_is_blocked(
