@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ackgate._service.service import ServiceStats
+    from ackgate._service.handlers import ServiceStats
 
 #: Seconds between two refreshes of the status page.
 REFRESH_SECONDS = 2

@@ -1,16 +1,19 @@
 """docs/production.md#lag-and-the-oldest-message on genuine Kafka: while a handler is blocked on
 one message, the lag per partition (end offset minus committed offset), how far each handler is
 behind, and the oldest message named (lane, id, the handler holding it) are exact, in
-``service.stats()`` and in ``/readyz``'s JSON (which stays 200). A used offset map is logged.
-New partitions are looked for every 30 s by default."""
+``service.stats()`` and in ``/readyz``'s JSON (which stays 200); the partition of a consumer
+SIGKILLed shows its lag until the session timeout gives it to the survivor. A used offset map
+is logged. New partitions are looked for every 30 s by default."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import sys
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -172,3 +175,103 @@ def test_new_partitions_are_looked_for_every_30_seconds_unless_told_otherwise() 
         "t", bootstrap_servers="127.0.0.1:1", group_id="g", metadata_max_age_ms=5_000
     )
     assert given._options["metadata_max_age_ms"] == 5_000
+
+
+# A consumer of the group that commits nothing; SIGKILLed, it leaves its partition
+# unconsumed until the coordinator's session timeout (6 s) gives it to the survivor.
+DEAD_CONSUMER = """
+import asyncio, sys
+from aiokafka import AIOKafkaConsumer
+
+async def main():
+    consumer = AIOKafkaConsumer(
+        sys.argv[1], bootstrap_servers=sys.argv[2], group_id=sys.argv[3],
+        enable_auto_commit=False, session_timeout_ms=6000, heartbeat_interval_ms=500,
+    )
+    await consumer.start()
+    said = None
+    while True:
+        await consumer.getmany(timeout_ms=200)
+        owned = sorted(tp.partition for tp in consumer.assignment())
+        if owned != said:
+            print("assigned", *owned, flush=True)
+            said = owned
+
+asyncio.run(main())
+"""
+
+
+async def test_the_partition_of_a_killed_consumer_shows_its_lag_until_reassigned(
+    kafka: KafkaTestCluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(ackgate_kafka._lag, "LAG_INTERVAL", 0.2)
+    topic, group = kafka.unique("killed"), kafka.unique("g")
+    await kafka.create_topic(topic, PARTITIONS)
+    (tmp_path / "dead_consumer.py").write_text(DEAD_CONSUMER)
+    other = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(tmp_path / "dead_consumer.py"),
+        topic,
+        kafka.bootstrap,
+        group,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert other.stdout is not None
+
+    async def assigned(count: int) -> list[bytes]:
+        async with asyncio.timeout(30):
+            while True:
+                words = (await other.stdout.readline()).split()  # type: ignore[union-attr]
+                assert words, "the other consumer ended"
+                if len(words) == count + 1:
+                    return words[1:]
+
+    seen: list[bytes] = []
+    service = Service(
+        "survivor",
+        producer=lambda: KafkaStreamProducer(
+            topic, bootstrap_servers=kafka.bootstrap, group_id=group
+        ),
+    )
+
+    @service.handler("only")
+    async def only(message: Message) -> None:
+        seen.append(message.body)
+
+    running = None
+    try:
+        await assigned(PARTITIONS)
+        running = asyncio.create_task(service.run())
+        (dead_partition,) = await assigned(1)  # the rebalance gave the survivor the other
+        await kafka.produce(topic, COUNT, PARTITIONS)  # 5 per partition
+        other.kill()
+        await other.wait()
+        dead = TopicPartition(topic, int(dead_partition))
+        own = TopicPartition(topic, 1 - int(dead_partition))
+        lanes = {own: 0, dead: 5}  # nothing of the dead one's partition is committed
+        await until(
+            lambda: (
+                (g := service.stats().group) is not None
+                and g.broker_lag is not None
+                and dict(g.broker_lag.lanes) == lanes
+                and len(seen) == 5
+            ),
+            "the dead consumer's partition lagging, the survivor's not",
+        )
+        await until(
+            lambda: (
+                (g := service.stats().group) is not None
+                and g.broker_lag is not None
+                and g.broker_lag.total == 0
+                and len(seen) == COUNT
+            ),
+            "its partition reassigned and read",
+            limit=40,
+        )
+    finally:
+        if other.returncode is None:
+            other.kill()
+            await other.wait()
+        if running is not None:
+            await service.stop(5)
+            await running

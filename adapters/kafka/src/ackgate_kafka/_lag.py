@@ -5,8 +5,8 @@ partition whose consumer died still shows until it is reassigned): the end offse
 (``end_offsets``: one ListOffsets request per leader) minus the group's committed
 offset (one OffsetFetch request to the coordinator); a partition with no commit
 counts from its first offset. Two or three requests per interval, whatever the
-number of messages. A measurement that fails or takes longer than the interval
-(the broker is away) keeps the last one; the outage watch reports the outage.
+number of messages. A measurement that fails or takes longer than
+:data:`MEASURE_TIMEOUT` (the broker is away) keeps the last one; the outage watch reports the outage.
 Read through ``KafkaStreamProducer.broker_lag()``.
 """
 
@@ -24,6 +24,8 @@ log = logging.getLogger("ackgate.adapters.kafka")
 
 #: Seconds between two measurements.
 LAG_INTERVAL = 5.0
+#: Seconds one measurement may take before it is given up (the broker is slow or away).
+MEASURE_TIMEOUT = 5.0
 
 
 class LagWatch:
@@ -53,7 +55,7 @@ class LagWatch:
     async def _run(self) -> None:
         while True:
             try:
-                async with asyncio.timeout(LAG_INTERVAL):
+                async with asyncio.timeout(MEASURE_TIMEOUT):
                     self.last = await self.measure()
             except TimeoutError:
                 pass  # the broker is slow or away: keep the last measurement
