@@ -6,8 +6,8 @@ partition whose consumer died still shows until it is reassigned): the end offse
 offset (one OffsetFetch request to the coordinator); a partition with no commit
 counts from its first offset. Two or three requests per interval, whatever the
 number of messages. A measurement that fails or takes longer than
-:data:`MEASURE_TIMEOUT` (the broker is away) keeps the last one; the outage watch reports the outage.
-Read through ``KafkaStreamProducer.broker_lag()``.
+:data:`MEASURE_TIMEOUT` (the broker is away) keeps the last one; the outage watch
+reports the outage. Read through ``KafkaStreamProducer.broker_lag()``.
 """
 
 from __future__ import annotations

@@ -100,6 +100,11 @@ it (docs/concepts.md#redelivery-memory): only those that failed it (or joined si
 :meth:`~KafkaStreamProducer.to_message` builds the ``ackgate.Message`` a ``Service`` handler
 receives (tombstones, duplicate header names and the delivery count are described there).
 
+**Lag and new partitions.** :meth:`~KafkaStreamProducer.broker_lag` is the end offset
+minus the group's committed offset of every partition of the topics, measured every 5 s
+(:mod:`ackgate_kafka._lag`). ``metadata_max_age_ms`` defaults to 30 s (aiokafka's own
+default is 300 s), so partitions added to a topic are assigned within about 30 s.
+
 **Errors.** A broker error while starting or polling ends the group: subscribers get
 ``StreamTerminated`` whose ``__cause__`` is a ``ConnectionError`` (cannot reach the
 cluster) or ``RuntimeError`` chained to the aiokafka error. A failed commit or DLQ
