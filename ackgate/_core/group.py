@@ -145,13 +145,9 @@ class Group(Intake):
         return OldestOutstanding(run.lane_key(), max(0.0, now - run.broadcast_at), holders, raw)
 
     def behind(self) -> dict[Hashable, int]:
-        """Per member, the events broadcast that it has not resolved. O(unresolved runs
-        x members): the runs every member resolved are skipped at once."""
-        counts = dict.fromkeys(self.members, 0)
-        pending = [run for run in self.unresolved if run.pending]
-        for sid, sub in self.members.items():
-            counts[sid] = sum(run.count for run in pending if sub.holds(run))
-        return counts
+        """Per member, the events broadcast that it has not resolved. O(what the
+        members hold), not O(outstanding events)."""
+        return {sid: sub.unresolved_events() for sid, sub in self.members.items()}
 
     # -- ending --------------------------------------------------------------------
 
