@@ -102,6 +102,19 @@ def test_a_dead_worker_fails_livez_and_a_sigterm_in_its_backoff_exits_0(tmp_path
         assert port is not None, "".join(lines)
         threading.Thread(target=lambda: lines.extend(parent.stderr or ()), daemon=True).start()
         deadline = time.monotonic() + 20
+        # /status.json (the status page's source) has every worker: the live one's services.
+        while time.monotonic() < deadline:
+            try:
+                reply = urllib.request.urlopen(f"http://127.0.0.1:{port}/status.json", timeout=5)
+            except urllib.error.HTTPError as error:
+                reply = error
+            status = json.loads(reply.read())
+            if any(w.get("services") for w in status["workers"]):
+                break
+            time.sleep(0.05)
+        by_worker = {w["worker"]: w for w in status["workers"]}
+        assert sorted(by_worker) == [0, 1]
+        assert [s["service"] for s in by_worker[1]["services"]] == ["ticks"]
         body: dict[str, object] = {}
         while time.monotonic() < deadline:
             try:
