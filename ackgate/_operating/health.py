@@ -231,7 +231,7 @@ class HealthServer:
             return _json(431, {"status": f"request larger than {MAX_REQUEST_BYTES} bytes"})
         method, _, rest = request.partition(b" ")
         path = rest.split(b" ", 1)[0].split(b"?", 1)[0].decode("latin-1")
-        if method not in (b"GET", b"HEAD"):
+        if method != b"GET":
             return _json(405, {"status": "only GET"})
         if path == "/":
             return 200, STATUS_PAGE, "text/html; charset=utf-8"
