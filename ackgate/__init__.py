@@ -13,6 +13,7 @@ from ackgate._contract.errors import (
     AckGateError,
     AckTimeout,
     AdvanceFailed,
+    PermanentError,
     StreamTerminated,
     SubscriberOverflow,
 )
@@ -24,7 +25,7 @@ from ackgate._core.bindings import BoundBatch
 from ackgate._core.manager import SharedStreamManager
 from ackgate._core.subscription import Subscription, reject_shared_stream_event
 from ackgate._service.handlers import HandlerStats
-from ackgate._service.retry import Retry
+from ackgate._service.retry import Redelivery, Retry
 from ackgate._service.service import Service, ServiceStats
 from ackgate._version import __version__ as __version__
 
@@ -42,6 +43,8 @@ __all__ = [
     "HandlerStats",
     "IdRange",
     "Message",
+    "PermanentError",
+    "Redelivery",
     "Reject",
     "Retry",
     "Service",

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
-from ackgate._contract.errors import StreamTerminated
+from ackgate._contract.errors import PermanentError, StreamTerminated
 from ackgate._contract.producer import SharedStreamProducer
 from ackgate._contract.stats import GroupStats
 from ackgate._core.manager import SharedStreamManager
@@ -37,7 +37,7 @@ from ackgate._service.handlers import (
     Ordering,
     check_spec,
 )
-from ackgate._service.retry import Retry
+from ackgate._service.retry import Redelivery, Retry
 from ackgate._service.telemetry import ServiceTelemetry, for_service
 from ackgate._service.unresolved import UnresolvedCalls
 
@@ -102,6 +102,7 @@ class Service:
         restart_backoff: float = 1.0,
         max_restart_backoff: float = 60.0,
         restart_limit: int | None = None,
+        redelivery: Redelivery = Redelivery(),  # noqa: B008 - immutable
         **options: Any,
     ) -> None:
         if key is None:
@@ -139,6 +140,8 @@ class Service:
                 f"restart_backoff ({restart_backoff!r})"
             )
         _check_restart_limit(restart_limit)
+        if not isinstance(redelivery, Redelivery):
+            raise TypeError(f"redelivery must be a Redelivery, got {redelivery!r}")
         if manager is not None and options:
             raise ValueError(
                 f"manager options {sorted(options)} apply only to the service's own manager; "
@@ -155,6 +158,7 @@ class Service:
         self._restart_backoff = float(restart_backoff)
         self._max_restart_backoff = float(max_restart_backoff)
         self._restart_limit = restart_limit
+        self._redelivery = redelivery
         self._specs: dict[str, HandlerSpec] = {}
         self._counters: dict[str, HandlerCounters] = {}
         self._workers: list[HandlerWorker] = []
@@ -187,6 +191,7 @@ class Service:
         batch_size: int = 1,
         batch_wait: float = 0.0,
         give_up_after: int | None = None,
+        redelivery: Redelivery | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated ``async def`` as handler ``handler_id``; return it unchanged.
 
@@ -284,6 +289,7 @@ class Service:
                 batch_size=batch_size,
                 batch_wait=batch_wait,
                 give_up_after=give_up_after,
+                redelivery=redelivery,
             )
             self._specs[spec.id] = spec
             self._counters[spec.id] = HandlerCounters()
@@ -346,6 +352,7 @@ class Service:
                 on_exit=self._handler_exited,
                 unresolved=self._unresolved,
                 invoke=None if telemetry is None else telemetry.handler(spec),
+                redelivery=self._redelivery,
             )
             for spec in self._specs.values()
         ]
@@ -397,6 +404,13 @@ class Service:
                     "configuration error, not retried"
                 )
                 raise failure
+            permanent = cause.__cause__
+            if isinstance(permanent, PermanentError):
+                permanent.add_note(
+                    f"service {self.key!r} stopped: the broker refuses this for good, a "
+                    "restart would not mend it"
+                )
+                raise permanent
             if self._factory.advanced_events != advanced:
                 advanced = self._factory.advanced_events
                 futile = 0

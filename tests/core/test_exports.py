@@ -17,6 +17,8 @@ def test_public_names_are_pinned() -> None:
             "HandlerStats",
             "IdRange",
             "Message",
+            "PermanentError",
+            "Redelivery",
             "Reject",
             "Retry",
             "Service",
