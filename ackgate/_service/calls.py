@@ -233,15 +233,17 @@ class Calls:
             self._parked_keys.add(key)
             self.blocked += len(self._behind[key])
         loop = asyncio.get_running_loop()
-        self._waits[job] = loop.create_task(self._wait_out(job, delay))
+        # Due from now, not from when the task first runs: a FakeClock may move first.
+        due = self._clock() + delay
+        self._waits[job] = loop.create_task(self._wait_out(job, due))
         self._signal_room()
 
-    async def _wait_out(self, job: Job, delay: float) -> None:
+    async def _wait_out(self, job: Job, due: float) -> None:
         sleep_until = getattr(self._clock, "sleep_until", None)
         if sleep_until is not None:  # a test's FakeClock: moved by hand
-            await sleep_until(self._clock() + delay)
+            await sleep_until(due)
         else:
-            await asyncio.sleep(delay)
+            await asyncio.sleep(max(0.0, due - self._clock()))
         del self._waits[job]
         self.parked -= 1
         self._counters.awaiting_redelivery -= len(job.argument) if self._spec.batched else 1
@@ -410,6 +412,7 @@ class Calls:
                 error,
             )
         raise error
+
     def _cut_short(self, job: Job) -> None:
         """A call on ``job`` ended without resolving it: count the hand-out for the
         messages' next deliveries (``Message.attempt``, ``give_up_after``)."""

@@ -40,7 +40,8 @@ class HandlerSpec:
     #: Batch handlers: seconds after the first message of a batch it is called at the latest.
     batch_wait: float
     #: A failure at ``Message.attempt >= give_up_after`` (this handler's count) becomes a
-    #: reject, and a message handed past it is rejected without a call (``Calls._give_up_unresolved``); ``None``: never.
+    #: reject, and a message handed past it is rejected without a call
+    #: (``Calls._give_up_unresolved``); ``None``: never.
     give_up_after: int | None = None
     #: The backoff before a failed message is handed to this handler again; ``None``:
     #: the service's.
