@@ -43,5 +43,5 @@ class PermanentError(AckGateError):
     A producer raises it (from ``advance`` or ``open_stream``) instead of an error
     that a restart might mend. A :class:`~ackgate.Service` does not restart its group
     for it: ``run()`` raises it, and ``ackgate run`` exits 1 with one line naming it
-    (docs/failure-semantics.md#permanent-errors).
+    (docs/production.md#permanent-errors-and-exit-codes).
     """

@@ -18,7 +18,7 @@ when the record is too large for the DLQ, and permanent refusals that stop the s
   (``UnknownTopicOrPartitionError`` after the metadata wait, ``TopicAuthorizationFailed``,
   ``ClusterAuthorizationFailed``, ``InvalidTopic``) raises :class:`ackgate.PermanentError`:
   a ``Service`` does not restart its group, ``run()`` raises, and ``ackgate run``
-  exits 1 with one line (docs/failure-semantics.md#permanent-errors).
+  exits 1 with one line (docs/production.md#permanent-errors-and-exit-codes).
 """
 
 from __future__ import annotations
