@@ -170,8 +170,10 @@ class HandlerStats:
     """What one handler of a service has done since ``run()`` started (messages, not calls).
 
     Each message the handler resolved counts in exactly one of ``handled``,
-    ``rejected``, ``failed`` and ``gave_up``. Messages abandoned by a stop, a
-    restart or an ack timeout (left to redelivery) count in none of them.
+    ``rejected`` and ``gave_up``; ``failed`` counts its hand-outs that failed (a
+    message failed twice, then acked, counts 2 there and 1 in ``handled``). Messages
+    abandoned by a stop, a restart or an ack timeout (left to redelivery) count in
+    none of them.
 
     Attributes:
         id: The handler id.
