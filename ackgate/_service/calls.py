@@ -228,7 +228,7 @@ class Calls(Resolutions):
         """Hand ``job`` to the handler again in ``delay`` seconds; until then its key
         stays taken and it takes no slot. Caller: the slot that ran it."""
         self.parked += 1
-        self._counters.awaiting_redelivery += len(job.argument) if self._spec.batched else 1
+        self._counters.awaiting_redelivery += self._waiting_messages(job)
         key = job.key
         if key is not UNORDERED:
             self._parked_keys.add(key)
@@ -247,13 +247,18 @@ class Calls(Resolutions):
             await asyncio.sleep(max(0.0, due - self._clock()))
         del self._waits[job]
         self.parked -= 1
-        self._counters.awaiting_redelivery -= len(job.argument) if self._spec.batched else 1
+        self._counters.awaiting_redelivery -= self._waiting_messages(job)
         key = job.key
         if key is not UNORDERED:
             self._parked_keys.discard(key)
             self.blocked -= len(self._behind[key])
         self._ready.appendleft(job)  # the oldest job held: it goes first
         self._start_slot()
+
+    @staticmethod
+    def _waiting_messages(job: Job) -> int:
+        """The messages of parked ``job`` still to be handed (not given up on)."""
+        return len(job.messages) - len(job.apart or ())
 
     # -- running ------------------------------------------------------------------
 
