@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ackgate._contract.checks import check_int, check_number
+from ackgate._contract.stats import GroupStats
 from ackgate._core.subscription import Subscription
 from ackgate._service.retry import Redelivery, Retry
 
@@ -72,24 +73,15 @@ def check_spec(
             f"handler {handler_id!r} must be an async def function (a coroutine function), "
             f"got {function!r}"
         )
-    concurrency = _positive_int(f"handler {handler_id!r}: concurrency", concurrency)
+    concurrency = check_int(f"handler {handler_id!r}: concurrency", concurrency, minimum=1)
     if ordering not in ORDERINGS:
         raise ValueError(
             f'handler {handler_id!r}: ordering must be "lane", "key" or "none", got {ordering!r}'
         )
     if not isinstance(retry, Retry):
         raise TypeError(f"handler {handler_id!r}: retry must be a Retry, got {retry!r}")
-    batch_size = _positive_int(f"handler {handler_id!r}: batch_size", batch_size)
-    if (
-        isinstance(batch_wait, bool)
-        or not isinstance(batch_wait, int | float)
-        or not math.isfinite(batch_wait)
-        or batch_wait < 0
-    ):
-        raise ValueError(
-            f"handler {handler_id!r}: batch_wait must be a finite number of seconds >= 0, "
-            f"got {batch_wait!r}"
-        )
+    batch_size = check_int(f"handler {handler_id!r}: batch_size", batch_size, minimum=1)
+    batch_wait = check_number(f"handler {handler_id!r}: batch_wait", batch_wait, minimum=0)
     if batch_size == 1 and batch_wait:
         raise ValueError(
             f"handler {handler_id!r}: batch_wait applies to batch handlers only (batch_size > 1)"
@@ -100,7 +92,9 @@ def check_spec(
             f'kept in stream order: pass ordering="none", or concurrency=1'
         )
     if give_up_after is not None:
-        give_up_after = _positive_int(f"handler {handler_id!r}: give_up_after", give_up_after)
+        give_up_after = check_int(
+            f"handler {handler_id!r}: give_up_after", give_up_after, minimum=1
+        )
     if redelivery is not None and not isinstance(redelivery, Redelivery):
         raise TypeError(
             f"handler {handler_id!r}: redelivery must be a Redelivery or None, got {redelivery!r}"
@@ -114,7 +108,7 @@ def check_spec(
         ordering=ordering,
         retry=retry,
         batch_size=batch_size,
-        batch_wait=float(batch_wait),
+        batch_wait=batch_wait,
         give_up_after=give_up_after,
         redelivery=redelivery,
     )
@@ -157,14 +151,6 @@ def _name(function: object) -> str:
     return getattr(function, "__qualname__", None) or type(function).__qualname__
 
 
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return value
-
-
 @dataclass(frozen=True, slots=True)
 class HandlerStats:
     """What one handler of a service has done since ``run()`` started (messages, not calls).
@@ -192,6 +178,9 @@ class HandlerStats:
             because it had acked an earlier copy (docs/concepts.md#redelivery-memory).
         awaiting_redelivery: Messages this handler failed that wait out their
             redelivery backoff right now.
+        behind: Messages read from the broker that this handler has not finished
+            yet (queued for it, or in its calls): how far it is behind what was
+            fetched. 0 while no group is live.
     """
 
     id: str
@@ -203,6 +192,29 @@ class HandlerStats:
     redeliveries_skipped: int = 0
     gave_up: int = 0
     awaiting_redelivery: int = 0
+    behind: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OldestMessage:
+    """The oldest message a service read and has not advanced past (committed,
+    deleted, acked, completed), and who holds it.
+
+    Attributes:
+        lane: Its lane (a Kafka partition, an SQS FIFO group...).
+        key: Its :attr:`Message.key` (``None`` when it has none).
+        id: Its :attr:`Message.id`.
+        handlers: The handlers that have not finished it, in registration order;
+            ``()`` when every one did and only the advance (of it or of an earlier
+            message of its lane) is pending.
+        age: Seconds since it was read.
+    """
+
+    lane: Hashable
+    key: Hashable
+    id: str
+    handlers: tuple[str, ...]
+    age: float
 
 
 class HandlerCounters:
@@ -244,7 +256,7 @@ class HandlerCounters:
             self.skipped_in_ended_groups += last.redeliveries_skipped
         self.live = subscription
 
-    def snapshot(self, handler_id: str) -> HandlerStats:
+    def snapshot(self, handler_id: str, behind: int = 0) -> HandlerStats:
         return HandlerStats(
             id=handler_id,
             handled=self.handled,
@@ -256,4 +268,28 @@ class HandlerCounters:
             + (self.live.redeliveries_skipped if self.live is not None else 0),
             gave_up=self.gave_up,
             awaiting_redelivery=self.awaiting_redelivery,
+            behind=behind,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceStats:
+    """A snapshot of a service, as returned by :meth:`Service.stats`.
+
+    Attributes:
+        key: The service's key.
+        state: ``"new"`` (before ``run()``), ``"running"`` or ``"stopped"``.
+        group: The group's statistics; ``None`` while no group is live (before
+            ``run()``, during a restart backoff, after the stop).
+        handlers: Per handler id, in registration order.
+        restarts: Times the group was restarted after it ended.
+        oldest: The oldest message read and not advanced yet, named; ``None`` when
+            none (or no group is live). It does not make the service unready.
+    """
+
+    key: Hashable
+    state: Literal["new", "running", "stopped"]
+    group: GroupStats | None
+    handlers: Mapping[str, HandlerStats]
+    restarts: int
+    oldest: OldestMessage | None = None
