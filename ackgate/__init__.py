@@ -14,7 +14,7 @@ from ackgate._contract.errors import (
     AckTimeout,
     AdvanceFailed,
     AuthenticationFailed,
-    PermanentUpstreamError,
+    PermanentError,
     StreamTerminated,
     SubscriberOverflow,
     TLSVerificationFailed,
@@ -28,7 +28,7 @@ from ackgate._core.bindings import BoundBatch
 from ackgate._core.manager import SharedStreamManager
 from ackgate._core.subscription import Subscription, reject_shared_stream_event
 from ackgate._service.handlers import HandlerStats, OldestMessage, ServiceStats
-from ackgate._service.retry import Retry
+from ackgate._service.retry import Redelivery, Retry
 from ackgate._service.service import Service
 from ackgate._version import __version__ as __version__
 
@@ -50,7 +50,8 @@ __all__ = [
     "Message",
     "OldestMessage",
     "OldestOutstanding",
-    "PermanentUpstreamError",
+    "PermanentError",
+    "Redelivery",
     "Reject",
     "Retry",
     "Service",

@@ -36,22 +36,23 @@ class AdvanceFailed(StreamTerminated):
     """
 
 
-class PermanentUpstreamError(AckGateError):
-    """The broker refused this producer for a reason no reconnect mends: raise it
-    (or a subclass) from :meth:`~ackgate.SharedStreamProducer.open_stream` or
-    :meth:`~ackgate.SharedStreamProducer.advance`.
+class PermanentError(AckGateError):
+    """A refusal the broker will repeat however often it is retried (a dead-letter
+    topic that does not exist, a principal not authorised to write it).
 
-    A service treats it as a configuration error
-    (docs/production.md#permanent-errors-and-exit-codes): its ``run()`` raises it,
-    and ``ackgate run`` exits 1 naming it, unless the service was made with
-    ``retry_on_auth_error=SECONDS`` (credentials being rotated), which starts the
-    group again every ``SECONDS``.
-
-    ``str(error)`` is the one line an operator reads ("authentication failed for
-    user alice (SCRAM-SHA-512)"): it names the identity and the mechanism, never a
-    secret. ``address`` is the broker as the operator knows it (host and port, a
-    queue URL, a namespace).
+    A producer raises it (from ``advance`` or ``open_stream``) instead of an error
+    that a restart might mend. A :class:`~ackgate.Service` does not restart its group
+    for it: ``run()`` raises it, and ``ackgate run`` exits 1 with one line naming it
+    (docs/production.md#permanent-errors-and-exit-codes).
     """
+
+
+class _Refused(PermanentError):
+    """The broker refused this producer's identity or connection: what
+    ``retry_on_auth_error`` retries. ``str(error)`` is the one line an operator reads
+    ("authentication failed for user alice (SCRAM-SHA-512)"): it names the identity
+    and the mechanism, never a secret. ``address`` is the broker as the operator
+    knows it (host and port, a queue URL, a namespace)."""
 
     def __init__(self, reason: str, *, address: str = "") -> None:
         super().__init__(reason)
@@ -59,9 +60,22 @@ class PermanentUpstreamError(AckGateError):
         self.address = address
 
 
-class AuthenticationFailed(PermanentUpstreamError):
-    """The broker refused the credentials, or the identity lacks a permission it needs."""
+class AuthenticationFailed(_Refused):
+    """The broker refused the credentials, or the identity lacks a permission it needs.
+
+    A :class:`PermanentError`: raise it from ``open_stream`` or ``advance``, chained to
+    the SDK's error. A service's ``run()`` raises it (``ackgate run`` exits 1 naming it),
+    unless the service was made with ``retry_on_auth_error=SECONDS`` (credentials being
+    rotated), which starts the group again every ``SECONDS``. ``reason`` is its one
+    line ("authentication failed for user alice (SCRAM-SHA-512)", never a secret),
+    ``address`` the broker as the operator knows it.
+    """
 
 
-class TLSVerificationFailed(PermanentUpstreamError):
-    """The broker's TLS certificate is not trusted (wrong CA, wrong host name, expired)."""
+class TLSVerificationFailed(_Refused):
+    """The broker's TLS certificate is not trusted (wrong CA, wrong host name, expired).
+
+    A :class:`PermanentError`, retried like :class:`AuthenticationFailed` under
+    ``retry_on_auth_error``; ``reason`` reads "TLS: the broker's certificate is not
+    trusted (CERTIFICATE_VERIFY_FAILED: ...)".
+    """

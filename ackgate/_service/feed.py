@@ -21,6 +21,7 @@ from ackgate._contract.producer import SharedStreamProducer
 from ackgate._core.subscription import Subscription
 from ackgate._service.calls import UNORDERED, Calls, Job
 from ackgate._service.handlers import HandlerCounters, HandlerSpec
+from ackgate._service.retry import Redelivery
 from ackgate._service.unresolved import UnresolvedCalls
 
 if TYPE_CHECKING:
@@ -37,8 +38,13 @@ DEFAULT_STOP_TIMEOUT = 30.0
 _MIN_FINAL_STOP = 1.0
 
 
+#: The ordering key of every batch of a batch handler kept in stream order: a batch
+#: waiting out a redelivery backoff holds back the later ones.
+_IN_STREAM_ORDER: Hashable = "batches in stream order"
+
+
 def _ordering_key(spec: HandlerSpec) -> Callable[[Message], Hashable]:
-    if spec.batched or spec.ordering == "none":
+    if spec.batched or spec.ordering == "none":  # batches: see ``_pull_batches``
         return lambda message: UNORDERED
     if spec.ordering == "lane":
         return lambda message: message.lane
@@ -61,8 +67,10 @@ class HandlerWorker:
         on_exit: Callable[[BaseException], None],
         unresolved: UnresolvedCalls,
         invoke: Callable[[Job], Awaitable[Any]] | None = None,
+        redelivery: Redelivery | None = None,
     ) -> None:
         self.spec = spec
+        self._redelivery = redelivery
         self._unresolved = unresolved
         self._invoke = invoke
         self._key = key
@@ -117,6 +125,7 @@ class HandlerWorker:
                 self._on_exit,
                 self._unresolved,
                 self._invoke,
+                self._redelivery,
             )
             pull = self._pull_batches if self.spec.batched else self._pull_each
             feed = self._feed = loop.create_task(pull(subscription, calls))
@@ -173,7 +182,7 @@ class HandlerWorker:
         Pulls as many messages at once as there is room for (one await for them all)."""
         order_by = self._order_by
         while True:
-            room = calls.capacity - calls.held
+            room = calls.capacity - calls.active
             if room <= 0:
                 await calls.wait_room()
                 continue
@@ -185,9 +194,10 @@ class HandlerWorker:
         Each pull binds one ticket to all the messages it hands out."""
         size = self.spec.batch_size
         wait = self.spec.batch_wait
+        batch_key = UNORDERED if self.spec.ordering == "none" else _IN_STREAM_ORDER
         loop = asyncio.get_running_loop()
         while True:
-            if calls.held >= calls.capacity:
+            if calls.active >= calls.capacity:
                 await calls.wait_room()
             first = await subscription.pull_batch(size)
             messages = first.events  # a list of its own: extended in place
@@ -207,7 +217,7 @@ class HandlerWorker:
             except BaseException:
                 self._manager.fail_bound(seqs)  # never handed out
                 raise
-            calls.submit(Job(messages, messages, seqs, UNORDERED, sizes))
+            calls.submit(Job(messages, messages, seqs, batch_key, sizes))
 
 
 def _why_ended(

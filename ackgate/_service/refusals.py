@@ -1,10 +1,10 @@
 """What a service's supervision does when the broker refuses its producer.
 
-A :class:`~ackgate.PermanentUpstreamError` (credentials refused, TLS verification
-failed, access denied) that ended a group is no outage: a reconnect would be refused
-the same way. By default supervision raises it
-(docs/production.md#permanent-errors-and-exit-codes); with
-``retry_on_auth_error=SECONDS`` it starts the group again every ``SECONDS``
+An :class:`~ackgate.AuthenticationFailed` (credentials refused, access denied) or
+:class:`~ackgate.TLSVerificationFailed` that ended a group is no outage: a reconnect
+would be refused the same way. By default supervision raises it, as any
+:class:`~ackgate.PermanentError` (docs/production.md#permanent-errors-and-exit-codes);
+with ``retry_on_auth_error=SECONDS`` it starts the group again every ``SECONDS``
 (credentials being rotated), logging the refusal once, and once more only when its
 reason changes.
 """
@@ -16,17 +16,19 @@ import logging
 from collections.abc import Hashable
 
 from ackgate._contract.checks import check_number
-from ackgate._contract.errors import PermanentUpstreamError
+from ackgate._contract.errors import AuthenticationFailed, TLSVerificationFailed
+
+Refusal = AuthenticationFailed | TLSVerificationFailed
 
 logger = logging.getLogger("ackgate.service")
 
 
-def refusal_in(cause: BaseException) -> PermanentUpstreamError | None:
+def refusal_in(cause: BaseException) -> Refusal | None:
     """The broker's refusal that ended the group (in ``cause``'s ``__cause__`` chain), if
     that is what ended it."""
     error: BaseException | None = cause
     while error is not None:
-        if isinstance(error, PermanentUpstreamError):
+        if isinstance(error, AuthenticationFailed | TLSVerificationFailed):
             return error
         error = error.__cause__
     return None
@@ -50,7 +52,7 @@ class Refusals:
         self._retry_every = retry_every
         self.reason: str | None = None
 
-    async def raise_or_wait(self, refusal: PermanentUpstreamError, stopping: asyncio.Event) -> None:
+    async def raise_or_wait(self, refusal: Refusal, stopping: asyncio.Event) -> None:
         """Raise ``refusal`` (with a note naming the service), or wait the retry
         interval (cut short by ``stopping``). Cancellation propagates."""
         if self._retry_every is None:

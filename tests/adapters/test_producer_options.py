@@ -35,6 +35,8 @@ PRODUCERS: dict[str, Callable[[], Any]] = {
         sasl_plain_username="alice",
         sasl_plain_password=SECRET,
         sasl_oauth_token_provider=Credentials(),
+        dlq_topic="orders.dlq",
+        dlq_producer_options={"sasl_plain_password": SECRET, "max_request_size": 10_485_760},
     ),
     "sqs": lambda: SqsStreamProducer(
         "https://sqs.eu-west-1.amazonaws.com/1/orders",
@@ -74,6 +76,13 @@ def test_a_producers_repr_masks_its_secrets(adapter: str) -> None:
             "sasl_plain_password",
         ),
         (
+            lambda **o: KafkaStreamProducer(
+                "t", bootstrap_servers="b:1", group_id="g", dlq_topic="d", dlq_producer_options=o
+            ),
+            "max_requst_size",
+            "max_request_size",
+        ),
+        (
             lambda **o: SqsStreamProducer("http://h/1/q", region_name="us-east-1", **o),
             "aws_secret_acess_key",
             "aws_secret_access_key",
@@ -84,7 +93,7 @@ def test_a_producers_repr_masks_its_secrets(adapter: str) -> None:
             "api_endpoint",
         ),
     ],
-    ids=["kafka", "sqs", "pubsub"],
+    ids=["kafka", "kafka-dlq", "sqs", "pubsub"],
 )
 def test_a_misspelt_client_option_is_refused_when_the_producer_is_built(
     build: Callable[..., Any], misspelt: str, meant: str

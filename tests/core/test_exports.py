@@ -21,7 +21,8 @@ def test_public_names_are_pinned() -> None:
             "Message",
             "OldestMessage",
             "OldestOutstanding",
-            "PermanentUpstreamError",
+            "PermanentError",
+            "Redelivery",
             "Reject",
             "Retry",
             "Service",
@@ -46,8 +47,7 @@ def test_exception_hierarchy() -> None:
         assert issubclass(exc, ackgate.AckGateError)
     assert issubclass(ackgate.AdvanceFailed, ackgate.StreamTerminated)
     for refusal in (ackgate.AuthenticationFailed, ackgate.TLSVerificationFailed):
-        assert issubclass(refusal, ackgate.PermanentUpstreamError)
-    assert issubclass(ackgate.PermanentUpstreamError, ackgate.AckGateError)
+        assert issubclass(refusal, ackgate.PermanentError)
 
 
 def test_outcome_is_clean() -> None:

@@ -15,7 +15,7 @@ import pytest
 from ackgate import (
     AuthenticationFailed,
     Message,
-    PermanentUpstreamError,
+    PermanentError,
     Service,
     TLSVerificationFailed,
 )
@@ -28,7 +28,7 @@ REFUSAL = "authentication failed for user alice (SCRAM-SHA-512)"
 class Refused(MemoryStreamProducer):
     """Every stream is refused, as by a broker that does not take the credentials."""
 
-    def __init__(self, *args: Any, error: PermanentUpstreamError) -> None:
+    def __init__(self, *args: Any, error: PermanentError) -> None:
         super().__init__(*args)
         self._error = error
 
@@ -37,9 +37,7 @@ class Refused(MemoryStreamProducer):
         yield  # an async generator, as the contract asks
 
 
-def a_service(
-    broker: MemoryBroker, refusals: list[PermanentUpstreamError], **options: Any
-) -> Service:
+def a_service(broker: MemoryBroker, refusals: list[PermanentError], **options: Any) -> Service:
     """A service whose first producers are refused with ``refusals``, the next ones not."""
 
     def make() -> MemoryStreamProducer:
@@ -64,10 +62,10 @@ def a_service(
     ],
 )
 async def test_a_refusal_is_raised_by_run_without_a_restart(
-    broker: MemoryBroker, error: PermanentUpstreamError
+    broker: MemoryBroker, error: PermanentError
 ) -> None:
     service = a_service(broker, [error])
-    with pytest.raises(PermanentUpstreamError) as raised:
+    with pytest.raises(PermanentError) as raised:
         async with asyncio.timeout(10):
             await service.run()
     assert raised.value is error
@@ -78,7 +76,7 @@ async def test_a_refusal_is_raised_by_run_without_a_restart(
 async def test_retry_on_auth_error_retries_logs_once_and_says_why_in_readyz(
     broker: MemoryBroker, caplog: pytest.LogCaptureFixture
 ) -> None:
-    refusals: list[PermanentUpstreamError] = [AuthenticationFailed(REFUSAL) for _ in range(3)]
+    refusals: list[PermanentError] = [AuthenticationFailed(REFUSAL) for _ in range(3)]
     service = a_service(broker, refusals, retry_on_auth_error=0.01)
     caplog.set_level(logging.WARNING, logger="ackgate")
     task = asyncio.create_task(service.run())

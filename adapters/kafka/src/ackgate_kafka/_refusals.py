@@ -18,15 +18,15 @@ import asyncio
 import ssl
 from typing import Any
 
-from ackgate import AuthenticationFailed, PermanentUpstreamError, TLSVerificationFailed
+from ackgate import AuthenticationFailed, TLSVerificationFailed
+
+Refusal = AuthenticationFailed | TLSVerificationFailed
 
 #: Seconds one diagnosing connection may take.
 _DIAGNOSE_TIMEOUT = 10.0
 
 
-def refusal(
-    errors: Any, exc: BaseException, client: Any, address: str
-) -> PermanentUpstreamError | None:
+def refusal(errors: Any, exc: BaseException, client: Any, address: str) -> Refusal | None:
     """``exc`` as a refusal, if it is one (aiokafka raised it to the caller itself, or
     :func:`diagnose` met it); ``client`` (aiokafka's, may be ``None``) names the user."""
     if isinstance(exc, ssl.SSLCertVerificationError):
@@ -56,7 +56,7 @@ def refusal(
     return None
 
 
-async def diagnose(aiokafka: Any, client: Any, address: str) -> PermanentUpstreamError | None:
+async def diagnose(aiokafka: Any, client: Any, address: str) -> Refusal | None:
     """Connect to each bootstrap server as ``client`` (aiokafka's ``AIOKafkaClient``)
     would; the broker's refusal if one refused it, ``None`` if none could be reached
     or all accepted (an outage, or a failure after the connection)."""

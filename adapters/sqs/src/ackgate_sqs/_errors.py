@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ackgate import AuthenticationFailed, PermanentUpstreamError, TLSVerificationFailed
+from ackgate import AuthenticationFailed, TLSVerificationFailed
 
 #: Error codes with which AWS refuses the caller's credentials or permissions.
 _REFUSED_CODES = frozenset(
@@ -25,7 +25,9 @@ _REFUSED_CODES = frozenset(
 )
 
 
-def refusal(error: BaseException, address: str) -> PermanentUpstreamError | None:
+def refusal(
+    error: BaseException, address: str
+) -> AuthenticationFailed | TLSVerificationFailed | None:
     """``error`` as a refusal no retry mends (credentials, permissions, TLS), if it is one."""
     from botocore.exceptions import ClientError, NoCredentialsError, SSLError
 
