@@ -16,6 +16,7 @@ from ackgate._contract.errors import (
     StreamTerminated,
     SubscriberOverflow,
 )
+from ackgate._contract.dead_letters import DeadLetter
 from ackgate._contract.message import Message, Reject
 from ackgate._contract.outcome import AdvanceItem, AdvanceOutcome, AdvanceRun, EventBatch, IdRange
 from ackgate._contract.producer import SharedStreamProducer
@@ -36,6 +37,7 @@ __all__ = [
     "AdvanceOutcome",
     "AdvanceRun",
     "BoundBatch",
+    "DeadLetter",
     "DeliveryCounts",
     "EventBatch",
     "GroupStats",

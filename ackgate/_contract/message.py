@@ -5,17 +5,29 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+#: What ``decode=`` makes of a message's body (``Message[Order]``: ``message.value`` is an Order).
+T = TypeVar("T")
 
 _NO_HEADERS: Mapping[str, bytes] = MappingProxyType({})
 
+#: The header (attribute) of a copy ``ackgate dlq replay --handler ID`` sends: only the
+#: handler of that id is handed it; the service's other handlers ack it unseen.
+REPLAY_TO_HEADER = "ackgate.replay-to"
+#: The header of every replayed copy: how many times its message was replayed. A copy
+#: rejected again is dead-lettered with it, and is not replayed again unless asked.
+REPLAYED_HEADER = "ackgate.replayed"
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Message:
+class Message(Generic[T]):
     """One broker message, converted once per event by the producer's ``to_message``.
 
-    The same object is handed to every handler of a service: treat it (and its
-    ``headers``) as read-only. Its ``repr`` names the message but never shows the
+    The same object is handed to every handler of a service without ``decode=``:
+    treat it (and its ``headers``) as read-only. A handler with ``decode=`` gets a
+    copy whose ``value`` is the decoded body: annotate it ``Message[Order]`` and
+    ``message.value`` is an ``Order`` for a type checker. Its ``repr`` names the message but never shows the
     body, so it is safe in logs.
 
     Attributes:
@@ -39,6 +51,8 @@ class Message:
             against it. ``None`` only from a producer that counts nothing (the
             default ``to_message``).
         raw: The adapter's native object (a Kafka record, an SQS message dict, ...).
+        value: The body as the handler's ``decode=`` made it (docs/getting-started.md#typed-payloads);
+            ``None`` for a handler without ``decode=``.
     """
 
     body: bytes
@@ -48,6 +62,13 @@ class Message:
     lane: Hashable = None
     attempt: int | None = None
     raw: Any = None
+    value: T = None  # type: ignore[assignment]  # None without decode=, a T with it
+    #: Per decoder, what it made of the body (or the error it raised): handlers that
+    #: share a decoder decode each message once. Set by the first decode (the
+    #: object is frozen otherwise); ``None`` until then, so it costs nothing without.
+    _decoded: dict[object, object] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def __repr__(self) -> str:
         return (

@@ -66,7 +66,8 @@ class Job:
         #: Set once the tickets were resolved. Invariant: they are resolved exactly once.
         self.resolved = False
         #: Batch jobs: indexes of ``messages`` resolved before the call (given up on,
-        #: see ``Calls._give_up_unresolved``) and left out of ``argument``.
+        #: see ``Calls._give_up_unresolved``; rejected or skipped at hand-out, see
+        #: ``feed.handed_out``) and left out of ``argument``.
         self.apart: set[int] | None = None
 
 
@@ -359,10 +360,12 @@ class Calls:
         messages = job.messages
         handler_id = self._spec.id
         count = self._unresolved.count
+        apart = job.apart or set()  # resolved at hand-out (decode=, a replay for another)
         stale = {
             index: unresolved
             for index, message in enumerate(messages)
-            if message.attempt is not None
+            if index not in apart
+            and message.attempt is not None
             and message.attempt > limit
             and (unresolved := count(handler_id, message)) >= limit
         }
@@ -387,11 +390,13 @@ class Calls:
             self._manager.reject_bound(job.seqs, reason=reasons[0])
             return True
         self._reject_each(job, reasons)
-        if len(stale) == len(messages):
-            job.resolved = True  # every binding is resolved: the rejects finished it
+        apart = apart | set(stale)
+        if len(apart) == len(messages):
+            job.resolved = True
+            self._manager.confirm_persisted(job.seqs)  # acks those left apart unrejected
             return True
-        job.apart = set(stale)
-        job.argument = [message for index, message in enumerate(messages) if index not in stale]
+        job.apart = apart
+        job.argument = [message for index, message in enumerate(messages) if index not in apart]
         return False
 
     def _failed(self, job: Job, exc: BaseException, calls: int) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ackgate._contract.errors import AckTimeout, StreamTerminated, SubscriberOverflow
-from ackgate._contract.message import Message
+from ackgate._contract.message import REPLAY_TO_HEADER, Message, Reject
 from ackgate._contract.producer import SharedStreamProducer
 from ackgate._core.subscription import Subscription
 from ackgate._service.calls import UNORDERED, Calls, Job
@@ -44,6 +44,23 @@ def _ordering_key(spec: HandlerSpec) -> Callable[[Message], Hashable]:
         return lambda message: message.lane
     # "key": messages without a key are not ordered among themselves.
     return lambda message: UNORDERED if message.key is None else message.key
+
+
+def handed_out(spec: HandlerSpec, message: Message) -> Message | Reject | None:
+    """What handler ``spec`` is handed of ``message``: the message itself, or its copy
+    with the decoded ``value`` (``decode=``); a ``Reject`` naming the error when the
+    body does not decode; ``None`` when it is a replayed copy meant for another
+    handler only (its ``ackgate.replay-to`` header): this handler acks it unseen."""
+    target = message.headers.get(REPLAY_TO_HEADER)
+    if target is not None and target != spec.id.encode():
+        return None
+    decoder = spec.decoder
+    if decoder is None:
+        return message
+    try:
+        return decoder.decoded(message)
+    except Reject as reject:
+        return reject
 
 
 class HandlerWorker:
@@ -172,13 +189,26 @@ class HandlerWorker:
         """Per-message handlers: one job per message, ordered by the handler's ordering.
         Pulls as many messages at once as there is room for (one await for them all)."""
         order_by = self._order_by
+        spec = self.spec
+        plain = spec.decoder is None
         while True:
             room = calls.capacity - calls.held
             if room <= 0:
                 await calls.wait_room()
                 continue
             for message, seq in await subscription.pull_bound(room):
-                calls.submit(Job(message, (message,), (seq,), order_by(message)))
+                handed = (
+                    message
+                    if plain and REPLAY_TO_HEADER not in message.headers
+                    else handed_out(spec, message)
+                )
+                if isinstance(handed, Message):
+                    calls.submit(Job(handed, (handed,), (seq,), order_by(handed)))
+                elif handed is None:
+                    self._manager.confirm_persisted((seq,))
+                else:
+                    self._reject_undecoded(handed, message)
+                    self._manager.reject_bound((seq,), reason=handed.reason)
 
     async def _pull_batches(self, subscription: Subscription, calls: Calls) -> NoReturn:
         """Batch handlers: up to ``batch_size`` messages, ``batch_wait`` after the first.
@@ -207,7 +237,49 @@ class HandlerWorker:
             except BaseException:
                 self._manager.fail_bound(seqs)  # never handed out
                 raise
-            calls.submit(Job(messages, messages, seqs, UNORDERED, sizes))
+            job = self._batch_job(messages, seqs, sizes)
+            if job is None:
+                self._manager.confirm_persisted(seqs)  # what was not rejected: unseen
+            else:
+                calls.submit(job)
+
+    def _batch_job(self, messages: list[Message], seqs: list[int], sizes: list[int]) -> Job | None:
+        """The batch job of ``messages`` as :func:`handed_out` makes them: the ones that
+        do not decode are rejected now, those meant for another handler are left
+        bound (acked with the batch), both kept out of the call (``Job.apart``).
+        ``None``: nothing is left to call."""
+        spec = self.spec
+        if spec.decoder is None and not any(REPLAY_TO_HEADER in m.headers for m in messages):
+            return Job(messages, messages, seqs, UNORDERED, sizes)
+        apart: set[int] = set()
+        rejects: dict[int, str | None] = {}
+        handed_messages: list[Message] = []
+        for index, message in enumerate(messages):
+            handed = handed_out(spec, message)
+            if isinstance(handed, Message):
+                handed_messages.append(handed)
+                continue
+            handed_messages.append(message)
+            apart.add(index)
+            if handed is not None:
+                self._reject_undecoded(handed, message)
+                rejects[index] = handed.reason
+        start = 0
+        for seq, size in zip(seqs, sizes, strict=True):
+            indexes = [index - start for index in range(start, start + size) if index in rejects]
+            for index in indexes:
+                self._manager.reject_in_batch(seq, (index,), rejects[start + index])
+            start += size
+        if len(apart) == len(messages):
+            return None
+        argument = [m for index, m in enumerate(handed_messages) if index not in apart]
+        job = Job(argument, handed_messages, seqs, UNORDERED, sizes)
+        job.apart = apart or None
+        return job
+
+    def _reject_undecoded(self, reject: Reject, message: Message) -> None:
+        self._counters.rejected += 1
+        logger.info("handler %r rejected message id=%s: %s", self.spec.id, message.id, reject.reason)
 
 
 def _why_ended(

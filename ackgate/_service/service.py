@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import socket
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -29,6 +30,7 @@ from ackgate._contract.producer import SharedStreamProducer
 from ackgate._contract.stats import GroupStats
 from ackgate._core.manager import SharedStreamManager
 from ackgate._service.convert import Converting, DeadLetterMissing, MessageProducer
+from ackgate._service.decode import check_decoder
 from ackgate._service.feed import DEFAULT_STOP_TIMEOUT, HandlerWorker
 from ackgate._service.handlers import (
     HandlerCounters,
@@ -44,6 +46,9 @@ from ackgate._service.unresolved import UnresolvedCalls
 logger = logging.getLogger("ackgate.service")
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: ``handler(decode=...)`` not given: the service's ``decode=`` applies.
+_SERVICE_DECODE: Any = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +85,8 @@ class Service:
     ``manager=`` they must be empty. After the group ends, it is started again
     after ``restart_backoff`` seconds, doubling per consecutive restart up to
     ``max_restart_backoff`` (back to ``restart_backoff`` once a handler finished a
-    message in the meantime).
+    message in the meantime). ``decode=`` is every handler's ``decode=`` unless
+    the handler passes its own (see :meth:`handler`).
 
     Supervision gives up in two cases, and ``run()`` raises. An exception raised by
     the ``producer`` factory itself (or a factory returning something that is not a
@@ -102,6 +108,7 @@ class Service:
         restart_backoff: float = 1.0,
         max_restart_backoff: float = 60.0,
         restart_limit: int | None = None,
+        decode: object = None,
         **options: Any,
     ) -> None:
         if key is None:
@@ -139,6 +146,7 @@ class Service:
                 f"restart_backoff ({restart_backoff!r})"
             )
         _check_restart_limit(restart_limit)
+        check_decoder(f"service {key!r}", decode)
         if manager is not None and options:
             raise ValueError(
                 f"manager options {sorted(options)} apply only to the service's own manager; "
@@ -155,6 +163,8 @@ class Service:
         self._restart_backoff = float(restart_backoff)
         self._max_restart_backoff = float(max_restart_backoff)
         self._restart_limit = restart_limit
+        #: Every handler's ``decode=`` unless it passes its own.
+        self._decode = decode
         self._specs: dict[str, HandlerSpec] = {}
         self._counters: dict[str, HandlerCounters] = {}
         self._workers: list[HandlerWorker] = []
@@ -187,6 +197,7 @@ class Service:
         batch_size: int = 1,
         batch_wait: float = 0.0,
         give_up_after: int | None = None,
+        decode: object = _SERVICE_DECODE,
     ) -> Callable[[F], F]:
         """Register the decorated ``async def`` as handler ``handler_id``; return it unchanged.
 
@@ -233,6 +244,17 @@ class Service:
         ``ValueError``) when the producer has no dead-letter destination
         (:meth:`SharedStreamProducer.dead_letter_destination` is ``None``): giving
         up never drops a message.
+
+        ``decode=`` (default: the service's) types the payload: a callable taking
+        the body (``bytes``), a pydantic v2 model class or a msgspec ``Struct``
+        class (JSON bodies; ``pip install 'ackgate[pydantic]'`` or
+        ``'ackgate[msgspec]'``). The handler is handed a copy of each message whose
+        ``value`` is the decoded body (annotate ``Message[Order]``); ``decode=None``
+        hands the bytes only. A body that does not decode is rejected for this
+        handler, with a reason naming the error (dead-lettered, never retried,
+        never handed to it). Handlers given the same decoder decode each message
+        once. A parameter annotated as a list of messages without ``batch_size``, or
+        as one ``Message`` with it, is a ``TypeError`` at decoration.
 
         Ids are unique (``ValueError``); registering once ``run()`` started is a
         ``RuntimeError``. Invalid options are a ``ValueError`` (``TypeError`` for a
@@ -284,6 +306,7 @@ class Service:
                 batch_size=batch_size,
                 batch_wait=batch_wait,
                 give_up_after=give_up_after,
+                decode=self._decode if decode is _SERVICE_DECODE else decode,
             )
             self._specs[spec.id] = spec
             self._counters[spec.id] = HandlerCounters()
@@ -411,11 +434,9 @@ class Service:
                 delay = self._restart_backoff
             self._restarts += 1
             logger.warning(
-                "service %r: the group ended (%s: %s; cause: %r); restarting in %.3gs",
+                "service %r: the group ended (%s); restarting in %.3gs",
                 self.key,
-                type(cause).__name__,
-                cause,
-                cause.__cause__,
+                ended_because(cause),
                 delay,
             )
             try:
@@ -508,6 +529,22 @@ class Service:
             ),
             restarts=self._restarts,
         )
+
+
+def ended_because(error: BaseException) -> str:
+    """``error`` and its cause for one log line, the cause's text once: left out when
+    the error's own message already quotes it. A host name that does not resolve
+    (``socket.gaierror`` anywhere in the chain) is said so: "unknown host"."""
+    text = f"{type(error).__name__}: {error}"
+    cause = error.__cause__
+    if cause is not None and repr(cause) not in text and str(cause) not in text:
+        text += f"; cause: {type(cause).__name__}: {cause}"
+    chained: BaseException | None = error
+    while chained is not None:
+        if isinstance(chained, socket.gaierror):
+            return f"unknown host: {text}" if "unknown host" not in text else text
+        chained = chained.__cause__ or chained.__context__
+    return text
 
 
 def _check_restart_limit(limit: object) -> None:

@@ -419,3 +419,37 @@ def test_tune_gc_leaves_a_disabled_or_configured_collector_alone() -> None:
             gc.enable()
         else:
             gc.disable()
+
+
+def test_a_mistyped_attribute_is_answered_with_did_you_mean(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "typo_app.py").write_text(
+        "from ackgate import Service\n"
+        "from ackgate.testing import ScriptedProducer\n"
+        "service = Service('k', producer=ScriptedProducer)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(BadTarget, match=r"has no attribute 'servce'; did you mean 'service'\?"):
+        load_services(["typo_app:servce"])
+    with pytest.raises(BadTarget, match=r"has no attribute 'zzz'$"):
+        load_services(["typo_app:zzz"])
+
+
+def test_the_otel_check_of_metrics_port_runs_before_any_worker_starts(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import ackgate._operating.run_command as run_module
+    from ackgate._operating.cli import main
+
+    def no_workers(opts: object) -> int:
+        raise AssertionError("a worker process was started")
+
+    monkeypatch.setattr(run_module, "run_workers", no_workers)
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import raises ImportError
+    status = main(["run", "nope:service", "--workers", "2", "--metrics-port", "9464"])
+    assert status == 2
+    err = capsys.readouterr().err
+    assert err.count("pip install 'ackgate[otel]'") == 1
+    assert "prometheus_client is missing" in err

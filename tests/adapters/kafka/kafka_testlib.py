@@ -107,3 +107,13 @@ class KafkaTestCluster:
             return records
         finally:
             await consumer.stop()
+
+    async def produce_bodies(self, topic: str, bodies: list[bytes]) -> None:
+        """Write ``bodies`` in order, each acknowledged."""
+        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all")
+        await producer.start()
+        try:
+            for body in bodies:
+                await producer.send_and_wait(topic, body)
+        finally:
+            await producer.stop()

@@ -10,7 +10,9 @@ careful offsets alone. :class:`~ackgate_kafka.KafkaStreamProducer` turns the chu
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import socket
 from collections.abc import AsyncGenerator, Hashable, Iterable, Sequence
 from typing import Any, NamedTuple
 
@@ -173,7 +175,11 @@ class Fetcher(PartitionOwner):
             if self._dlq is not None:
                 await self._dlq.start()
         except aiokafka.errors.KafkaError as exc:
-            raise self._translate(exc, "could not join the consumer group") from exc
+            unknown = await _unknown_hosts(self._bootstrap_servers)
+            what = "could not join the consumer group"
+            if unknown:
+                what += f" (unknown host: {', '.join(unknown)})"
+            raise self._translate(exc, what) from exc
         log.info("Kafka consumer started group=%s topics=%s", self._group_id, self._topics)
         self.upstream_back()  # joined: the cluster answers (a no-op unless it was lost)
         keeper = self._keeper = MembershipKeeper(
@@ -272,3 +278,21 @@ class Fetcher(PartitionOwner):
                 tp, part, first if part.committed_next is None else part.committed_next
             )
             part.announce = False
+
+
+async def _unknown_hosts(servers: str | Sequence[str]) -> list[str]:
+    """The bootstrap servers whose host name does not resolve: aiokafka's own error
+    says only that it could not bootstrap, and names the DNS failure in its log."""
+    listed = servers.split(",") if isinstance(servers, str) else list(servers)
+    loop = asyncio.get_running_loop()
+    unknown = []
+    for server in (s.strip() for s in listed if s.strip()):
+        host = server.rpartition(":")[0] or server
+        try:
+            async with asyncio.timeout(2.0):
+                await loop.getaddrinfo(host.strip("[]"), None)
+        except socket.gaierror:
+            unknown.append(repr(host))
+        except (OSError, TimeoutError):
+            continue
+    return unknown
