@@ -8,6 +8,7 @@ resolved events back to the producer in order. :class:`Service` runs decorated
 handlers over one shared stream and keeps it up.
 """
 
+from ackgate._contract.dead_letters import DeadLetter
 from ackgate._contract.deliveries import DeliveryCounts
 from ackgate._contract.errors import (
     AckGateError,
@@ -16,7 +17,6 @@ from ackgate._contract.errors import (
     StreamTerminated,
     SubscriberOverflow,
 )
-from ackgate._contract.dead_letters import DeadLetter
 from ackgate._contract.message import Message, Reject
 from ackgate._contract.outcome import AdvanceItem, AdvanceOutcome, AdvanceRun, EventBatch, IdRange
 from ackgate._contract.producer import SharedStreamProducer

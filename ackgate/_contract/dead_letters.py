@@ -62,7 +62,7 @@ class DeadLetter:
     def parse(
         cls,
         *,
-        id: str,  # noqa: A002 - the field's name
+        id: str,
         original_id: str,
         source: str,
         body: bytes,

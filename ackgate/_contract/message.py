@@ -5,10 +5,19 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic
 
-#: What ``decode=`` makes of a message's body (``Message[Order]``: ``message.value`` is an Order).
-T = TypeVar("T")
+#: What ``decode=`` makes of a message's body (``Message[Order]``: ``message.value`` is an
+#: Order). For type checkers it defaults to ``Any`` (PEP 696), so a bare ``Message`` is
+#: ``Message[Any]``; Python 3.11's own ``TypeVar`` takes no default.
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar
+
+    T = TypeVar("T", default=Any)
+else:
+    from typing import TypeVar
+
+    T = TypeVar("T")
 
 _NO_HEADERS: Mapping[str, bytes] = MappingProxyType({})
 
@@ -27,8 +36,8 @@ class Message(Generic[T]):
     The same object is handed to every handler of a service without ``decode=``:
     treat it (and its ``headers``) as read-only. A handler with ``decode=`` gets a
     copy whose ``value`` is the decoded body: annotate it ``Message[Order]`` and
-    ``message.value`` is an ``Order`` for a type checker. Its ``repr`` names the message but never shows the
-    body, so it is safe in logs.
+    ``message.value`` is an ``Order`` for a type checker. Its ``repr`` names the
+    message but never shows the body, so it is safe in logs.
 
     Attributes:
         body: The payload, as the broker stored it.
@@ -51,7 +60,8 @@ class Message(Generic[T]):
             against it. ``None`` only from a producer that counts nothing (the
             default ``to_message``).
         raw: The adapter's native object (a Kafka record, an SQS message dict, ...).
-        value: The body as the handler's ``decode=`` made it (docs/getting-started.md#typed-payloads);
+        value: The body as the handler's ``decode=`` made it
+            (docs/getting-started.md#typed-payloads);
             ``None`` for a handler without ``decode=``.
     """
 

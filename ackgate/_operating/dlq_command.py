@@ -85,8 +85,9 @@ def add_parser(commands: Any) -> None:
             action.add_argument("--dry-run", action="store_true", help="say what, send nothing")
 
 
-def dlq_command(opts: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    """Run ``ackgate dlq``; the exit status."""
+def dlq_command(opts: argparse.Namespace, out: TextIO | None = None) -> int:
+    """Run ``ackgate dlq``, printing to ``out`` (default: stdout); the exit status."""
+    out = sys.stdout if out is None else out
     try:
         opener = _opener(opts.broker)
         if opts.dlq_action == "replay" and not (
@@ -205,15 +206,21 @@ async def _replay(
     if opts.dry_run:
         for letter in picked:
             print(f"would replay {letter.id} ({letter.original_id}) {where}", file=out)
-        print(f"dry run: {len(picked)} of {len(letters)} dead letters would be replayed "
-              f"{where}; {skipped} replays already left alone", file=out)
+        print(
+            f"dry run: {len(picked)} of {len(letters)} dead letters would be replayed "
+            f"{where}; {skipped} replays already left alone",
+            file=out,
+        )
         return 0
     with _progress(len(picked), out) as advance:
         for letter in picked:
             await box.replay(letter, letter.replay_headers(opts.to_handler))
             advance()
-    print(f"replayed {len(picked)} of {len(letters)} dead letters {where}; "
-          f"{skipped} replays already left alone (--again picks them)", file=out)
+    print(
+        f"replayed {len(picked)} of {len(letters)} dead letters {where}; "
+        f"{skipped} replays already left alone (--again picks them)",
+        file=out,
+    )
     return 0
 
 

@@ -82,7 +82,7 @@ def _is_msgspec_struct(cls: type) -> bool:
     msgspec for classes that are not."""
     return any(
         meta.__module__.startswith("msgspec") and meta.__name__ == "StructMeta"
-        for meta in type(cls).__mro__
+        for meta in type.mro(type(cls))
     )
 
 

@@ -279,7 +279,9 @@ class HandlerWorker:
 
     def _reject_undecoded(self, reject: Reject, message: Message) -> None:
         self._counters.rejected += 1
-        logger.info("handler %r rejected message id=%s: %s", self.spec.id, message.id, reject.reason)
+        logger.info(
+            "handler %r rejected message id=%s: %s", self.spec.id, message.id, reject.reason
+        )
 
 
 def _why_ended(

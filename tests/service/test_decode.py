@@ -43,9 +43,8 @@ def outcomes(producer: ScriptedProducer) -> dict[str, AdvanceOutcome]:
 
 
 async def drain(service: Service, producer: ScriptedProducer, running: Any, count: int) -> None:
-    async with running(service):
-        async with producer.advanced:
-            await producer.advanced.wait_for(lambda: len(outcomes(producer)) >= count)
+    async with running(service), producer.advanced:
+        await producer.advanced.wait_for(lambda: len(outcomes(producer)) >= count)
 
 
 def feed(producer: HeaderProducer, bodies: list[bytes], headers: Mapping[str, bytes] = {}) -> None:

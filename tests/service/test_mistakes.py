@@ -107,6 +107,7 @@ def test_signatures_that_take_one_message_are_accepted() -> None:
         [star_args, with_default, Handlers().method, Handlers(), functools.partial(_three, 1, 2)]
     ):
         service.handler(f"h{n}")(function)
+
     async def batch_with_default(messages: list[Message], context: object = None) -> None:
         pass
 

@@ -61,8 +61,9 @@ async def serve_until_committed(
 
 
 def dlq(*args: str, bootstrap: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    status = main(["dlq", *args[:1], "kafka", *args[1:2], "-o", f"bootstrap_servers={bootstrap}",
-                   *args[2:]])
+    status = main(
+        ["dlq", *args[:1], "kafka", *args[1:2], "-o", f"bootstrap_servers={bootstrap}", *args[2:]]
+    )
     return status, capsys.readouterr().out
 
 
@@ -89,11 +90,28 @@ def test_dead_letters_listed_and_replayed_to_the_one_handler_that_gave_up(
     assert group_row["handler"] == "notifier" and group_row["count"] == 3
     assert group_row["reason"].startswith("gave up after 2 attempts: ConnectionError")
 
-    status, out = dlq("replay", dead, "--handler", "notifier", "--to-handler", "notifier",
-                      "--dry-run", bootstrap=kafka.bootstrap, capsys=capsys)
+    status, out = dlq(
+        "replay",
+        dead,
+        "--handler",
+        "notifier",
+        "--to-handler",
+        "notifier",
+        "--dry-run",
+        bootstrap=kafka.bootstrap,
+        capsys=capsys,
+    )
     assert status == 0 and "3 of 3 dead letters would be replayed" in out
-    status, out = dlq("replay", dead, "--handler", "notifier", "--to-handler", "notifier",
-                      bootstrap=kafka.bootstrap, capsys=capsys)
+    status, out = dlq(
+        "replay",
+        dead,
+        "--handler",
+        "notifier",
+        "--to-handler",
+        "notifier",
+        bootstrap=kafka.bootstrap,
+        capsys=capsys,
+    )
     assert status == 0 and "replayed 3 of 3 dead letters to handler 'notifier' only" in out
 
     # The mail server is back, except for order-8.
@@ -105,8 +123,17 @@ def test_dead_letters_listed_and_replayed_to_the_one_handler_that_gave_up(
     status, out = dlq("list", dead, "--json", bootstrap=kafka.bootstrap, capsys=capsys)
     listed = json.loads(out)
     assert listed["total"] == 4 and listed["replays"] == 1  # order-8 once more, once
-    status, out = dlq("replay", dead, "--reason", "mail server", "--id", "x-none",
-                      "--dry-run", bootstrap=kafka.bootstrap, capsys=capsys)
+    status, out = dlq(
+        "replay",
+        dead,
+        "--reason",
+        "mail server",
+        "--id",
+        "x-none",
+        "--dry-run",
+        bootstrap=kafka.bootstrap,
+        capsys=capsys,
+    )
     assert "0 of 4" in out and "1 replays already left alone" in out
     replayed: list[Any] = [g for g in listed["groups"] if g["handler"] == "notifier"]
     assert sum(g["count"] for g in replayed) == 4

@@ -68,9 +68,7 @@ class KafkaDeadLetters:
             raise ValueError(f"dead letter {letter.id}: no ackgate.original.topic header")
         if self._producer is None:
             aiokafka = _import_aiokafka()
-            self._producer = aiokafka.AIOKafkaProducer(
-                bootstrap_servers=self._servers, acks="all"
-            )
+            self._producer = aiokafka.AIOKafkaProducer(bootstrap_servers=self._servers, acks="all")
             await self._producer.start()
         await self._producer.send_and_wait(
             letter.source, letter.body, key=letter.key, headers=list(headers.items())
