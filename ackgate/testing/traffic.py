@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "KafkaRecord",
     "Outgoing",
+    "PartitionOffsets",
     "StillOutstanding",
     "kafka_create_topic",
-    "KafkaRecord",
-    "PartitionOffsets",
     "kafka_offsets",
     "kafka_publish",
     "kafka_read",
