@@ -80,6 +80,7 @@ def test_handler_must_be_async_def() -> None:
             pass
 
     service.handler("callable object")(Handler())
+
     async def batch(messages: list[Message]) -> None:
         pass
 
