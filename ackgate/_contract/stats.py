@@ -32,10 +32,9 @@ class GroupStats:
             groups.
         missing: Rostered groups: the roster members not attached or force-failed,
             in roster order; ``()`` for dynamic groups.
-        redeliveries_skipped: Deliveries saved (docs/concepts.md#redelivery-memory): redelivered
-        copies
-            counted acked at once for subscribers that had acked an earlier copy,
-            instead of handed to them again.
+        redeliveries_skipped: Deliveries saved (docs/concepts.md#redelivery-memory):
+            redelivered copies counted acked at once for subscribers that had acked
+            an earlier copy, instead of handed to them again.
         upstream_connected: ``False`` while the producer reports its broker
             unreachable (``SharedStreamProducer.upstream_lost``) and has not
             reported it back yet. Nothing is advanced meanwhile. Always ``True``
