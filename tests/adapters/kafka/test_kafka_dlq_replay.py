@@ -90,6 +90,13 @@ def test_dead_letters_listed_and_replayed_to_the_one_handler_that_gave_up(
     assert group_row["handler"] == "notifier" and group_row["count"] == 3
     assert group_row["reason"].startswith("gave up after 2 attempts: ConnectionError")
 
+    one = group_row["ids"][0]
+    status, out = dlq("show", dead, one, bootstrap=kafka.bootstrap, capsys=capsys)
+    assert status == 0
+    assert f"id:          {one}" in out and f"source:      {topic}" in out
+    assert "reason:      rejected by 1 of 3 subscribers: notifier: gave up" in out
+    assert "body:        b'order-3'" in out
+
     status, out = dlq(
         "replay",
         dead,
