@@ -69,7 +69,14 @@ def add_parser(commands: Any) -> None:
         if name == "show":
             action.add_argument("id", help="the dead letter's id (as list --json shows)")
         if name == "replay":
-            action.add_argument("--id", dest="ids", action="append", default=[], metavar="ID")
+            action.add_argument(
+                "--id",
+                dest="ids",
+                action="append",
+                default=[],
+                metavar="ID",
+                help="the dead letter of this id, or of this original id (repeatable)",
+            )
             action.add_argument("--reason", metavar="TEXT", help="those whose reason has TEXT")
             action.add_argument("--handler", metavar="ID", help="those rejected by handler ID")
             action.add_argument("--all", action="store_true", help="every dead letter")

@@ -197,7 +197,7 @@ class HandlerWorker:
                 await calls.wait_room()
                 continue
             for message, seq in await subscription.pull_bound(room):
-                handed = (
+                handed = (  # the common case without a call: no decode=, no replay marker
                     message
                     if plain and REPLAY_TO_HEADER not in message.headers
                     else handed_out(spec, message)
