@@ -30,7 +30,26 @@ REPLAYED_HEADER = "ackgate.replayed"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Message(Generic[T]):
+class _MessageFields(Generic[T]):
+    """:class:`Message`'s fields (documented there)."""
+
+    body: bytes
+    id: str
+    key: bytes | None = None
+    headers: Mapping[str, bytes] = field(default_factory=lambda: _NO_HEADERS)
+    lane: Hashable = None
+    attempt: int | None = None
+    raw: Any = None
+    value: T = None  # type: ignore[assignment]  # None without decode=, a T with it
+
+    def __repr__(self) -> str:
+        return (
+            f"Message(id={self.id!r}, lane={self.lane!r}, attempt={self.attempt!r}, "
+            f"body=<{len(self.body)} bytes>)"
+        )
+
+
+class Message(_MessageFields[T]):
     """One broker message, converted once per event by the producer's ``to_message``.
 
     The same object is handed to every handler of a service without ``decode=``:
@@ -65,26 +84,12 @@ class Message(Generic[T]):
             ``None`` for a handler without ``decode=``.
     """
 
-    body: bytes
-    id: str
-    key: bytes | None = None
-    headers: Mapping[str, bytes] = field(default_factory=lambda: _NO_HEADERS)
-    lane: Hashable = None
-    attempt: int | None = None
-    raw: Any = None
-    value: T = None  # type: ignore[assignment]  # None without decode=, a T with it
-    #: Per decoder, what it made of the body (or the error it raised): handlers that
-    #: share a decoder decode each message once. Set by the first decode (the
-    #: object is frozen otherwise); ``None`` until then, so it costs nothing without.
-    _decoded: dict[object, object] | None = field(
-        default=None, init=False, repr=False, compare=False
-    )
-
-    def __repr__(self) -> str:
-        return (
-            f"Message(id={self.id!r}, lane={self.lane!r}, attempt={self.attempt!r}, "
-            f"body=<{len(self.body)} bytes>)"
-        )
+    # A slot of its own, not a dataclass field: ``Message(**fields)``, ``replace`` and
+    # pickling never see it.
+    __slots__ = ("_decoded",)
+    #: Per decoder, what it made of the body (or the Reject it became): handlers that
+    #: share a decoder decode each message once. Unset until the first decode.
+    _decoded: dict[object, object]
 
 
 class Reject(Exception):

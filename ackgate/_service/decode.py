@@ -37,10 +37,10 @@ class Decoder:
         """A copy of ``message`` whose ``value`` is the decoded body; ``Reject`` (the
         reason names the error) when the body does not decode. Decodes at most once
         per message and :attr:`source`, whichever handler asks first."""
-        cache = message._decoded
+        cache: dict[object, object] | None = getattr(message, "_decoded", None)
         if cache is None:
             cache = {}
-            object.__setattr__(message, "_decoded", cache)
+            object.__setattr__(message, "_decoded", cache)  # frozen: past its __setattr__
         try:
             result = cache[self.source]
         except KeyError:
@@ -51,7 +51,8 @@ class Decoder:
             cache[self.source] = result
         if isinstance(result, Reject):
             raise result
-        return dataclasses.replace(message, value=result)
+        value: Any = result
+        return dataclasses.replace(message, value=value)
 
     def __repr__(self) -> str:
         return f"Decoder({self.source!r})"
