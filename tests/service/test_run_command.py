@@ -447,6 +447,9 @@ def test_the_otel_check_of_metrics_port_runs_before_any_worker_starts(
         raise AssertionError("a worker process was started")
 
     monkeypatch.setattr(run_module, "run_workers", no_workers)
+    # In-process: the root logger's handlers (pytest's) must not get ackgate run's setup.
+    monkeypatch.setattr(run_module, "rate_limit_logging", lambda: None)
+    monkeypatch.setattr(run_module.logging, "basicConfig", lambda **kwargs: None)
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import raises ImportError
     status = main(["run", "nope:service", "--workers", "2", "--metrics-port", "9464"])
     assert status == 2
