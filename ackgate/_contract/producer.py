@@ -176,6 +176,23 @@ class SharedStreamProducer(ABC):
             raw=raw_event,
         )
 
+    #: The broker, as OpenTelemetry's messaging conventions name it in
+    #: ``messaging.system`` (``"kafka"``, ``"aws_sqs"``, ``"gcp_pubsub"``,
+    #: ``"servicebus"``); ``None`` (the default) is reported as ``"unknown"``. A class
+    #: attribute: a :class:`~ackgate.Service` reads it once per group life to label the
+    #: handlers' spans.
+    messaging_system: str | None = None
+
+    def destination_name(self) -> str | None:
+        """The name of what this producer reads, for spans' ``messaging.destination.name``
+        (a queue URL, a subscription, an entity): ``None`` (the default) when each
+        message names its own (a Kafka record's topic) or there is none to tell.
+
+        Called once per group life, synchronously, right after the factory made the
+        producer: no I/O.
+        """
+        return None
+
     def dead_letter_destination(self) -> str | None:
         """Where :meth:`advance` stores a rejected event, for people: ``None`` if nowhere.
 
@@ -234,3 +251,10 @@ class SharedStreamProducer(ABC):
         Awaited exactly once when the group ends, after the last :meth:`advance`.
         An exception is logged at WARNING on the ``ackgate`` logger, not raised.
         """
+
+
+def overrides(producer: SharedStreamProducer, hook: str) -> bool:
+    """Whether ``producer``'s class replaces :class:`SharedStreamProducer`'s optional
+    ``hook`` (``"get_event_id"``, ``"open_stream_batches"``, ``"advance_runs"``, ...):
+    callers take the path the hook serves only then, and the default's cost never."""
+    return getattr(type(producer), hook) is not getattr(SharedStreamProducer, hook)

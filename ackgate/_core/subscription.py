@@ -29,6 +29,7 @@ from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, Protocol
 
+from ackgate._contract.checks import check_int
 from ackgate._contract.errors import StreamTerminated
 from ackgate._core.bindings import BatchBinding, BoundBatch, EventRef, OutputRegistry
 from ackgate._core.fanout import EventLog, Resolution, Run
@@ -285,8 +286,7 @@ class Subscription:
         group = self._group
         if not group.ack_mode:
             raise RuntimeError(f"{what}() needs an ack-mode subscription (producer=)")
-        if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
-            raise ValueError(f"max_events must be an int >= 1, got {max_events!r}")
+        check_int("max_events", max_events, minimum=1)
 
     async def pull_bound(self, max_events: int) -> list[tuple[Any, int]]:
         """Pull up to ``max_events`` events at once, each with one output bound to it.

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ackgate._operating.args import int_at_least
+from ackgate._operating.args import BadTarget, int_at_least, port
 from ackgate._operating.health import HealthServer, loop_probes
 from ackgate._operating.worker_processes import (
     INDEX_ENV,
@@ -41,21 +41,11 @@ logger = logging.getLogger("ackgate.run")
 WORKER_INDEX_ENV = INDEX_ENV
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"a port is 0..65535, got {value}")
-    return value
-
-
 def add_operability_options(run: Any) -> None:
     """Add ``--health-port``, ``--health-host``, ``--metrics-port`` and ``--workers``."""
     run.add_argument(
         "--health-port",
-        type=_port,
+        type=port,
         metavar="PORT",
         help="serve GET /livez (the event loop answers within 1s) and GET /readyz (every "
         "service has a live group, not paused, its broker connected) on this port",
@@ -68,7 +58,7 @@ def add_operability_options(run: Any) -> None:
     )
     run.add_argument(
         "--metrics-port",
-        type=_port,
+        type=port,
         metavar="PORT",
         help="serve the OpenTelemetry metrics in Prometheus text format on this port "
         "(needs the otel extra: pip install 'ackgate[otel]'); with --workers N, "
@@ -90,8 +80,6 @@ def check_metrics_extra(opts: argparse.Namespace) -> None:
     would fail alike, after importing the services)."""
     if opts.metrics_port is None:
         return
-    from ackgate._operating.run_command import BadTarget
-
     for module in (
         "opentelemetry.metrics",
         "opentelemetry.exporter.prometheus",
@@ -113,8 +101,6 @@ def prepare_operability(opts: argparse.Namespace) -> None:
     what to install when the otel extra is missing."""
     if opts.metrics_port is None:
         return
-    from ackgate._operating.run_command import BadTarget
-
     check_metrics_extra(opts)
     from opentelemetry import metrics
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -143,8 +129,6 @@ def start_health(
     try:
         server = HealthServer(host, opts.health_port, livez, readyz)
     except OSError as error:
-        from ackgate._operating.run_command import BadTarget
-
         raise BadTarget(f"--health-port {opts.health_port}: {error.strerror}") from None
     report_health_port(server.port)  # a worker tells its parent where to ask
     logger.info("health endpoints /livez and /readyz on port %d", server.port)

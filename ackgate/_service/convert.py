@@ -27,7 +27,7 @@ from typing import Any
 
 from ackgate._contract.message import Message
 from ackgate._contract.outcome import AdvanceItem, AdvanceRun, EventBatch
-from ackgate._contract.producer import SharedStreamProducer
+from ackgate._contract.producer import SharedStreamProducer, overrides
 from ackgate._contract.upstream import Upstream
 
 
@@ -196,7 +196,7 @@ class Converting:
         observe = self._observe if handlers else None
         wrapper = (
             BatchMessageProducer(inner, self, observe)
-            if type(inner).open_stream_batches is not SharedStreamProducer.open_stream_batches
+            if overrides(inner, "open_stream_batches")
             else MessageProducer(inner, self, observe)
         )
         if self._made is not None:

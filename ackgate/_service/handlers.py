@@ -10,13 +10,14 @@ from __future__ import annotations
 import collections.abc
 import functools
 import inspect
-import math
 import typing
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ackgate._contract.checks import check_int, check_number
 from ackgate._contract.message import Message
+from ackgate._contract.stats import GroupStats
 from ackgate._core.subscription import Subscription
 from ackgate._service.decode import Decoder, check_decoder
 from ackgate._service.retry import Retry
@@ -75,24 +76,15 @@ def check_spec(
             f"handler {handler_id!r} must be an async def function (a coroutine function), "
             f"got {function!r}"
         )
-    concurrency = _positive_int(f"handler {handler_id!r}: concurrency", concurrency)
+    concurrency = check_int(f"handler {handler_id!r}: concurrency", concurrency, minimum=1)
     if ordering not in ORDERINGS:
         raise ValueError(
             f'handler {handler_id!r}: ordering must be "lane", "key" or "none", got {ordering!r}'
         )
     if not isinstance(retry, Retry):
         raise TypeError(f"handler {handler_id!r}: retry must be a Retry, got {retry!r}")
-    batch_size = _positive_int(f"handler {handler_id!r}: batch_size", batch_size)
-    if (
-        isinstance(batch_wait, bool)
-        or not isinstance(batch_wait, int | float)
-        or not math.isfinite(batch_wait)
-        or batch_wait < 0
-    ):
-        raise ValueError(
-            f"handler {handler_id!r}: batch_wait must be a finite number of seconds >= 0, "
-            f"got {batch_wait!r}"
-        )
+    batch_size = check_int(f"handler {handler_id!r}: batch_size", batch_size, minimum=1)
+    batch_wait = check_number(f"handler {handler_id!r}: batch_wait", batch_wait, minimum=0)
     if batch_size == 1 and batch_wait:
         raise ValueError(
             f"handler {handler_id!r}: batch_wait applies to batch handlers only (batch_size > 1)"
@@ -103,7 +95,9 @@ def check_spec(
             f'kept in stream order: pass ordering="none", or concurrency=1'
         )
     if give_up_after is not None:
-        give_up_after = _positive_int(f"handler {handler_id!r}: give_up_after", give_up_after)
+        give_up_after = check_int(
+            f"handler {handler_id!r}: give_up_after", give_up_after, minimum=1
+        )
     _check_takes_one_argument(handler_id, function, batched=batch_size > 1)
     _check_annotation(handler_id, function, batch_size)
     decoder = check_decoder(f"handler {handler_id!r}", decode)
@@ -115,7 +109,7 @@ def check_spec(
         ordering=ordering,
         retry=retry,
         batch_size=batch_size,
-        batch_wait=float(batch_wait),
+        batch_wait=batch_wait,
         give_up_after=give_up_after,
         decoder=decoder,
     )
@@ -209,14 +203,6 @@ def _name(function: object) -> str:
     return getattr(function, "__qualname__", None) or type(function).__qualname__
 
 
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return value
-
-
 @dataclass(frozen=True, slots=True)
 class HandlerStats:
     """What one handler of a service has done since ``run()`` started (messages, not calls).
@@ -299,3 +285,23 @@ class HandlerCounters:
             + (self.live.redeliveries_skipped if self.live is not None else 0),
             gave_up=self.gave_up,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceStats:
+    """A snapshot of a service, as returned by :meth:`Service.stats`.
+
+    Attributes:
+        key: The service's key.
+        state: ``"new"`` (before ``run()``), ``"running"`` or ``"stopped"``.
+        group: The group's statistics; ``None`` while no group is live (before
+            ``run()``, during a restart backoff, after the stop).
+        handlers: Per handler id, in registration order.
+        restarts: Times the group was restarted after it ended.
+    """
+
+    key: Hashable
+    state: Literal["new", "running", "stopped"]
+    group: GroupStats | None
+    handlers: Mapping[str, HandlerStats]
+    restarts: int

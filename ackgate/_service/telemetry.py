@@ -38,9 +38,9 @@ import concurrent.futures
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterator, Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ackgate._contract.message import Message, Reject
 
@@ -48,22 +48,19 @@ if TYPE_CHECKING:
     from ackgate._contract.producer import SharedStreamProducer
     from ackgate._service.calls import Job
     from ackgate._service.convert import MessageProducer
-    from ackgate._service.handlers import HandlerSpec
-    from ackgate._service.service import Service, ServiceStats
+    from ackgate._service.handlers import HandlerSpec, ServiceStats
 
 SCOPE = "ackgate"
 
-#: ``messaging.system`` per adapter (the package its producer class is defined in).
-_SYSTEMS = {
-    "ackgate_kafka": "kafka",
-    "ackgate_sqs": "aws_sqs",
-    "ackgate_pubsub": "gcp_pubsub",
-    "ackgate_servicebus": "servicebus",
-    "ackgate.adapters.memory": "ackgate_memory",
-}
 
-#: Where each adapter keeps the name of what it reads (Kafka's is on each record).
-_DESTINATION_ATTRIBUTES = ("_queue_url", "_subscription", "_entity", "_topic")
+class Observed(Protocol):
+    """What the instruments read of a running :class:`~ackgate.Service`: its key and its
+    statistics (the service hands itself over; this layer's module does not import it)."""
+
+    @property
+    def key(self) -> Hashable: ...
+
+    def stats(self) -> ServiceStats: ...
 
 
 def sdk_configured() -> tuple[bool, bool]:
@@ -80,7 +77,7 @@ def sdk_configured() -> tuple[bool, bool]:
     )
 
 
-def for_service(service: Service) -> ServiceTelemetry | None:
+def for_service(service: Observed) -> ServiceTelemetry | None:
     """The service's instrumentation, or ``None`` when no SDK is configured."""
     metered, traced = sdk_configured()
     if not (metered or traced):
@@ -96,7 +93,7 @@ def for_service(service: Service) -> ServiceTelemetry | None:
 class ServiceTelemetry:
     """One running service's spans and call/advance histograms."""
 
-    def __init__(self, service: Service, instruments: _Instruments | None, traced: bool) -> None:
+    def __init__(self, service: Observed, instruments: _Instruments | None, traced: bool) -> None:
         from opentelemetry import context, propagate, trace
 
         self._instruments = instruments
@@ -115,24 +112,8 @@ class ServiceTelemetry:
 
     def producer_made(self, wrapper: MessageProducer, inner: SharedStreamProducer) -> None:
         """Caller: the service's producer factory, once per group life."""
-        # The first class up the MRO from a known adapter (a user may subclass one).
-        self.system = next(
-            (
-                system
-                for cls in type(inner).__mro__
-                for package, system in _SYSTEMS.items()
-                if cls.__module__ == package or cls.__module__.startswith(package + ".")
-            ),
-            "unknown",
-        )
-        self.destination = next(
-            (
-                str(value)
-                for name in _DESTINATION_ATTRIBUTES
-                if isinstance(value := getattr(inner, name, None), str)
-            ),
-            None,
-        )
+        self.system = inner.messaging_system or "unknown"
+        self.destination = inner.destination_name()
         if self._instruments is not None:
             wrapper.observe_advance = self._observe_advance
 
@@ -265,11 +246,11 @@ class _Instruments:
         meter = metrics.get_meter(SCOPE)
         #: Running services the observable instruments report on (gone when collected),
         #: and the loop each runs on: their statistics are read there.
-        self.services: weakref.WeakKeyDictionary[Service, asyncio.AbstractEventLoop] = (
+        self.services: weakref.WeakKeyDictionary[Observed, asyncio.AbstractEventLoop] = (
             weakref.WeakKeyDictionary()
         )
         #: ``(monotonic time, snapshot)``: one collection's callbacks share one snapshot.
-        self._snapshot: tuple[float, list[tuple[Service, ServiceStats]]] = (-1.0, [])
+        self._snapshot: tuple[float, list[tuple[Observed, ServiceStats]]] = (-1.0, [])
         self.duration = meter.create_histogram(
             "messaging.process.duration",
             unit="s",
@@ -336,7 +317,7 @@ class _Instruments:
     def _gauge(self, name: str, _options: Any) -> Iterator[Any]:
         return self._observations(name)
 
-    def _stats(self) -> list[tuple[Service, ServiceStats]]:
+    def _stats(self) -> list[tuple[Observed, ServiceStats]]:
         """Every service's statistics, read on its own loop (a reader may collect from
         another thread, e.g. the Prometheus exporter's HTTP server). A loop that does
         not answer within a second is left out of this collection."""
@@ -408,7 +389,7 @@ _made: tuple[object, _Instruments] | None = None
 _SNAPSHOT_LIFE = 0.25
 
 
-async def _stats_of(service: Service) -> ServiceStats:
+async def _stats_of(service: Observed) -> ServiceStats:
     return service.stats()
 
 

@@ -31,7 +31,7 @@ def test_public_names_are_pinned() -> None:
         ]
     )
     for name in ackgate.__all__:
-        assert getattr(ackgate, name).__module__.startswith("ackgate")
+        assert getattr(ackgate, name).__module__ == "ackgate", name
 
 
 def test_exception_hierarchy() -> None:

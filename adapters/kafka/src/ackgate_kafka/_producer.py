@@ -143,6 +143,8 @@ class KafkaStreamProducer(Fetcher):
     (leaving the group) and the DLQ producer.
     """
 
+    messaging_system = "kafka"
+
     def __init__(
         self,
         topics: str | Sequence[str],

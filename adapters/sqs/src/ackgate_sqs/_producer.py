@@ -138,6 +138,8 @@ class SqsStreamProducer(SharedStreamProducer):
     the client. Closing therefore takes up to ``wait_time_seconds``.
     """
 
+    messaging_system = "aws_sqs"
+
     def __init__(
         self,
         queue_url: str,
@@ -246,6 +248,10 @@ class SqsStreamProducer(SharedStreamProducer):
     def to_message(self, raw_event: Any, broker_payload: Any) -> Message:
         """The :class:`~ackgate.Message` of one received message (see the module docstring)."""
         return to_message(raw_event, broker_payload)
+
+    def destination_name(self) -> str:
+        """What it reads, for spans' ``messaging.destination.name``."""
+        return self._queue_url
 
     def dead_letter_destination(self) -> str | None:
         """``"SQS queue <dlq_queue_url>"``; ``None`` without ``dlq_queue_url``: a
