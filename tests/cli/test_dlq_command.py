@@ -5,6 +5,7 @@ line's refusals (exit 2, one line)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 
 import pytest
 
@@ -72,3 +73,51 @@ def test_an_unknown_broker_or_a_replay_without_a_choice_is_exit_2(
     assert "choose with --id, --reason, --handler, or --all" in capsys.readouterr().err
     assert main(["dlq", "list", "kafka", "dlq"]) == 2
     assert "pass -o bootstrap_servers=HOST:PORT" in capsys.readouterr().err
+
+
+class FakeBox:
+    """A dead-letter destination in memory: what ``replay`` sent, with which headers."""
+
+    def __init__(self, letters: list[DeadLetter]) -> None:
+        self.letters = letters
+        self.sent: list[tuple[str, dict[str, bytes]]] = []
+        self.closed = False
+
+    async def read(self) -> list[DeadLetter]:
+        return list(self.letters)
+
+    async def replay(self, letter: DeadLetter, headers: Mapping[str, bytes]) -> None:
+        self.sent.append((letter.id, dict(headers)))
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def test_a_long_replay_shows_progress_without_rich_and_ends_with_a_summary(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import ackgate._operating.dlq_command as dlq_module
+
+    reason = "rejected by 1 of 2 subscribers: mailer: gave up after 3 attempts: E: down"
+    box = FakeBox([letter(str(n), reason) for n in range(40)])
+    box.letters.append(letter("40", reason, **{"ackgate.replayed": b"2"}))
+    monkeypatch.setattr(dlq_module, "_opener", lambda broker: lambda dest, options: box)
+
+    assert main(["dlq", "replay", "fake", "dlq", "--handler", "mailer", "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert box.sent == [] and len(out) == 41 and box.closed
+    assert out[-1] == (
+        "dry run: 40 of 41 dead letters would be replayed to the source; "
+        "1 replays already left alone"
+    )
+    assert main(["dlq", "replay", "fake", "dlq", "--all", "--to-handler", "mailer"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line for line in out if line.startswith("replayed ") and "/" in line] == [
+        f"replayed {n}/40" for n in range(4, 41, 4)
+    ]
+    assert out[-1] == (
+        "replayed 40 of 41 dead letters to handler 'mailer' only; "
+        "1 replays already left alone (--again picks them)"
+    )
+    assert len(box.sent) == 40
+    assert all(headers["ackgate.replay-to"] == b"mailer" for _, headers in box.sent)
