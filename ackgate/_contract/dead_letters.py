@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ackgate._contract.message import REPLAY_TO_HEADER, REPLAYED_HEADER
+from ackgate._contract.message import REPLAY_SERVICE_HEADER, REPLAY_TO_HEADER, REPLAYED_HEADER
 
 #: The entry-point group of the adapters' :class:`DeadLetterBox` openers.
 DEAD_LETTER_GROUP = "ackgate.dead_letters"
@@ -95,14 +95,18 @@ class DeadLetter:
     def handlers(self) -> tuple[str, ...]:
         return tuple(handler for handler, _ in self.rejections)
 
-    def replay_headers(self, handler: str | None) -> dict[str, bytes]:
+    def replay_headers(self, handler: str | None, service: str | None = None) -> dict[str, bytes]:
         """The headers of its replayed copy: the original ones, the original id, the
-        replay count, and ``ackgate.replay-to`` when it is meant for ``handler`` only."""
+        replay count, ``ackgate.replay-to`` when it is meant for ``handler`` only, and
+        ``ackgate.replay-service`` when it is meant for the service of key ``service``
+        only (the other consumers of the source ack it unseen)."""
         headers = dict(self.headers)
         headers[REPLAY_OF_HEADER] = self.original_id.encode()
         headers[REPLAYED_HEADER] = str(self.replayed + 1).encode()
         if handler is not None:
             headers[REPLAY_TO_HEADER] = handler.encode()
+        if service is not None:
+            headers[REPLAY_SERVICE_HEADER] = service.encode()
         return headers
 
 

@@ -27,6 +27,9 @@ REPLAY_TO_HEADER = "ackgate.replay-to"
 #: The header of every replayed copy: how many times its message was replayed. A copy
 #: rejected again is dead-lettered with it, and is not replayed again unless asked.
 REPLAYED_HEADER = "ackgate.replayed"
+#: The header of a copy ``ackgate dlq replay --service KEY`` sends: a service of another
+#: key (another consumer of the same topic) acks it unseen, in every handler.
+REPLAY_SERVICE_HEADER = "ackgate.replay-service"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -87,6 +87,12 @@ def add_parser(commands: Any) -> None:
                 "(default: to the source, every handler sees it again)",
             )
             action.add_argument(
+                "--service",
+                metavar="KEY",
+                help="replay to the service of this key only: other services reading the "
+                "source (other consumer groups, subscriptions) ack it unseen",
+            )
+            action.add_argument(
                 "--again", action="store_true", help="also those that are replays already"
             )
             action.add_argument("--dry-run", action="store_true", help="say what, send nothing")
@@ -210,6 +216,8 @@ async def _replay(
     picked = chosen(letters, opts)
     skipped = sum(1 for x in letters if x.replayed and not opts.again)
     where = f"to handler {opts.to_handler!r} only" if opts.to_handler else "to the source"
+    if opts.service:
+        where += f" of service {opts.service!r}"
     if opts.dry_run:
         for letter in picked:
             print(f"would replay {letter.id} ({letter.original_id}) {where}", file=out)
@@ -221,7 +229,7 @@ async def _replay(
         return 0
     with _progress(len(picked), out) as advance:
         for letter in picked:
-            await box.replay(letter, letter.replay_headers(opts.to_handler))
+            await box.replay(letter, letter.replay_headers(opts.to_handler, opts.service))
             advance()
     print(
         f"replayed {len(picked)} of {len(letters)} dead letters {where}; "

@@ -16,7 +16,13 @@ from collections.abc import Awaitable, Callable, Hashable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ackgate._contract.errors import AckTimeout, StreamTerminated, SubscriberOverflow
-from ackgate._contract.message import REPLAY_TO_HEADER, Message, Reject
+from ackgate._contract.message import (
+    REPLAY_SERVICE_HEADER,
+    REPLAY_TO_HEADER,
+    REPLAYED_HEADER,
+    Message,
+    Reject,
+)
 from ackgate._contract.producer import SharedStreamProducer
 from ackgate._core.subscription import Subscription
 from ackgate._service.calls import UNORDERED, Calls, Job
@@ -46,14 +52,21 @@ def _ordering_key(spec: HandlerSpec) -> Callable[[Message], Hashable]:
     return lambda message: UNORDERED if message.key is None else message.key
 
 
-def handed_out(spec: HandlerSpec, message: Message) -> Message | Reject | None:
-    """What handler ``spec`` is handed of ``message``: the message itself, or its copy
-    with the decoded ``value`` (``decode=``); a ``Reject`` naming the error when the
-    body does not decode; ``None`` when it is a replayed copy meant for another
-    handler only (its ``ackgate.replay-to`` header): this handler acks it unseen."""
-    target = message.headers.get(REPLAY_TO_HEADER)
-    if target is not None and target != spec.id.encode():
-        return None
+def handed_out(spec: HandlerSpec, service: bytes, message: Message) -> Message | Reject | None:
+    """What handler ``spec`` of the service keyed ``service`` (``str(key)``, encoded)
+    is handed of ``message``: the message itself, or its copy with the decoded
+    ``value`` (``decode=``); a ``Reject`` naming the error when the body does not
+    decode; ``None`` when it is a replayed copy meant for another handler only (its
+    ``ackgate.replay-to`` header) or another service (``ackgate.replay-service``):
+    this handler acks it unseen."""
+    headers = message.headers
+    if REPLAYED_HEADER in headers:
+        target = headers.get(REPLAY_TO_HEADER)
+        if target is not None and target != spec.id.encode():
+            return None
+        target = headers.get(REPLAY_SERVICE_HEADER)
+        if target is not None and target != service:
+            return None
     decoder = spec.decoder
     if decoder is None:
         return message
@@ -83,6 +96,8 @@ class HandlerWorker:
         self._unresolved = unresolved
         self._invoke = invoke
         self._key = key
+        #: What an ``ackgate.replay-service`` header names to mean this service.
+        self._service = str(key).encode()
         self._manager = manager
         self._factory = factory
         self._roster = roster
@@ -190,6 +205,7 @@ class HandlerWorker:
         Pulls as many messages at once as there is room for (one await for them all)."""
         order_by = self._order_by
         spec = self.spec
+        service = self._service
         plain = spec.decoder is None
         while True:
             room = calls.capacity - calls.held
@@ -197,10 +213,10 @@ class HandlerWorker:
                 await calls.wait_room()
                 continue
             for message, seq in await subscription.pull_bound(room):
-                handed = (  # the common case without a call: no decode=, no replay marker
+                handed = (  # the common case without a call: no decode=, not a replay
                     message
-                    if plain and REPLAY_TO_HEADER not in message.headers
-                    else handed_out(spec, message)
+                    if plain and REPLAYED_HEADER not in message.headers
+                    else handed_out(spec, service, message)
                 )
                 if isinstance(handed, Message):
                     calls.submit(Job(handed, (handed,), (seq,), order_by(handed)))
@@ -249,13 +265,13 @@ class HandlerWorker:
         bound (acked with the batch), both kept out of the call (``Job.apart``).
         ``None``: nothing is left to call."""
         spec = self.spec
-        if spec.decoder is None and not any(REPLAY_TO_HEADER in m.headers for m in messages):
+        if spec.decoder is None and not any(REPLAYED_HEADER in m.headers for m in messages):
             return Job(messages, messages, seqs, UNORDERED, sizes)
         apart: set[int] = set()
         rejects: dict[int, str | None] = {}
         handed_messages: list[Message] = []
         for index, message in enumerate(messages):
-            handed = handed_out(spec, message)
+            handed = handed_out(spec, self._service, message)
             if isinstance(handed, Message):
                 handed_messages.append(handed)
                 continue

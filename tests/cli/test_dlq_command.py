@@ -60,6 +60,7 @@ def test_replay_picks_by_id_reason_and_handler_and_leaves_replays_alone() -> Non
         "ackgate.replay-to": b"a",
     }
     assert "ackgate.replay-to" not in letters[0].replay_headers(None)
+    assert letters[0].replay_headers(None, "orders")["ackgate.replay-service"] == b"orders"
 
 
 def test_an_unknown_broker_or_a_replay_without_a_choice_is_exit_2(

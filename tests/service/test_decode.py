@@ -119,10 +119,15 @@ async def test_handlers_sharing_a_decoder_decode_each_message_once(running: Any)
     assert outcomes(producer)["m2"].rejected == 2
 
 
-async def test_a_replay_for_one_handler_is_acked_unseen_by_the_others(running: Any) -> None:
+async def test_a_replay_for_one_handler_or_service_is_acked_unseen_by_the_others(
+    running: Any,
+) -> None:
     producer = HeaderProducer()
-    producer.feed(b"again", ("replayed", {"ackgate.replay-to": b"notifier"}))
+    replayed = {"ackgate.replayed": b"1"}
+    producer.feed(b"again", ("replayed", {**replayed, "ackgate.replay-to": b"notifier"}))
     producer.feed(b"fresh", ("fresh", {}))
+    producer.feed(b"theirs", ("theirs", {**replayed, "ackgate.replay-service": b"billing"}))
+    producer.feed(b"ours", ("ours", {**replayed, "ackgate.replay-service": b"k"}))
     calls: dict[str, int] = {"store": 0, "notifier": 0, "audit": 0}
 
     service = Service("k", producer=lambda: producer)
@@ -139,10 +144,12 @@ async def test_a_replay_for_one_handler_is_acked_unseen_by_the_others(running: A
     async def audit(messages: list[Message]) -> None:
         calls["audit"] += len(messages)
 
-    await drain(service, producer, running, 2)
-    assert calls == {"store": 1, "notifier": 2, "audit": 1}
+    await drain(service, producer, running, 4)
+    # "again" to the notifier only; "theirs" for another service's handlers only.
+    assert calls == {"store": 2, "notifier": 3, "audit": 2}
     assert outcomes(producer) == {
-        name: AdvanceOutcome(acked=3, failed=0, rejected=0) for name in ("replayed", "fresh")
+        name: AdvanceOutcome(acked=3, failed=0, rejected=0)
+        for name in ("replayed", "fresh", "theirs", "ours")
     }
 
 
