@@ -116,10 +116,13 @@ def test_dead_letters_listed_and_replayed_to_the_one_handler_that_gave_up(
         "notifier",
         "--to-handler",
         "notifier",
+        "--service",
+        "orders",
         bootstrap=kafka.bootstrap,
         capsys=capsys,
     )
-    assert status == 0 and "replayed 3 of 3 dead letters to handler 'notifier' only" in out
+    assert status == 0
+    assert "replayed 3 of 3 dead letters to handler 'notifier' only of service 'orders'" in out
 
     # The mail server is back, except for order-8.
     second = asyncio.run(serve_until_committed(kafka, topic, group, dead, {b"order-8"}))
