@@ -20,11 +20,11 @@ from ackgate._contract.errors import (
 from ackgate._contract.message import Message, Reject
 from ackgate._contract.outcome import AdvanceItem, AdvanceOutcome, AdvanceRun, EventBatch, IdRange
 from ackgate._contract.producer import SharedStreamProducer
-from ackgate._contract.stats import GroupStats
+from ackgate._contract.stats import BrokerLag, GroupStats, OldestOutstanding
 from ackgate._core.bindings import BoundBatch
 from ackgate._core.manager import SharedStreamManager
 from ackgate._core.subscription import Subscription, reject_shared_stream_event
-from ackgate._service.handlers import HandlerStats, ServiceStats
+from ackgate._service.handlers import HandlerStats, OldestMessage, ServiceStats
 from ackgate._service.retry import Retry
 from ackgate._service.service import Service
 from ackgate._version import __version__ as __version__
@@ -37,6 +37,7 @@ __all__ = [
     "AdvanceOutcome",
     "AdvanceRun",
     "BoundBatch",
+    "BrokerLag",
     "DeadLetter",
     "DeliveryCounts",
     "EventBatch",
@@ -44,6 +45,8 @@ __all__ = [
     "HandlerStats",
     "IdRange",
     "Message",
+    "OldestMessage",
+    "OldestOutstanding",
     "Reject",
     "Retry",
     "Service",

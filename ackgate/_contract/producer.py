@@ -8,6 +8,7 @@ from typing import Any
 
 from ackgate._contract.message import Message
 from ackgate._contract.outcome import AdvanceItem, AdvanceRun, EventBatch
+from ackgate._contract.stats import BrokerLag
 from ackgate._contract.upstream import Upstream
 
 
@@ -239,6 +240,19 @@ class SharedStreamProducer(ABC):
         upstream = self._upstream
         if upstream is not None:
             upstream.back()
+
+    def broker_lag(self) -> BrokerLag | None:
+        """What the broker holds that this producer's group has not advanced past.
+
+        Optional: the default, ``None``, means the producer does not measure it.
+        Called by ``SharedStreamManager.stats()`` (so by health probes and metric
+        collections, up to a few times a second) on the event loop: return the last
+        measurement at once, never do I/O here. Refresh it in the stream's
+        background at an interval of the producer's choosing (a request every few
+        seconds, never one per message): Kafka's end offsets against the committed
+        ones per partition, SQS's approximate counts of its queue.
+        """
+        return None
 
     def _watch_upstream(self, upstream: Upstream | None) -> None:
         """Caller: the group, when it starts reading this producer (and ``None`` once

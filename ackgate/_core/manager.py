@@ -7,7 +7,7 @@ import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Hashable, Iterable
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import Any, Literal
 
 from ackgate._contract.checks import check_int, check_number
@@ -20,6 +20,8 @@ from ackgate._core.group import Group
 from ackgate._core.group_state import GroupConfig
 from ackgate._core.run_subscriber import Handler, Sink, drive
 from ackgate._core.subscription import Subscription, _check_reason
+
+_NOTHING: MappingProxyType[Hashable, int] = MappingProxyType({})
 
 
 class SharedStreamManager:
@@ -277,7 +279,8 @@ class SharedStreamManager:
         result = []
         for group in self._groups.values():
             tracker = group.tracker
-            oldest = tracker.oldest_broadcast_at()
+            oldest = group.oldest_outstanding(now) if group.ack_mode else None
+            producer = tracker.producer
             failed = sum(1 for sub in group.members.values() if sub._failure is not None)
             result.append(
                 GroupStats(
@@ -286,7 +289,7 @@ class SharedStreamManager:
                     subscribers=len(group.members) - failed,
                     outstanding=tracker.outstanding,
                     lanes=sum(1 for lane in tracker.lanes.values() if lane.runs or lane.in_flight),
-                    oldest_outstanding_age=0.0 if oldest is None else max(0.0, now - oldest),
+                    oldest_outstanding_age=0.0 if oldest is None else oldest.age,
                     advanced_events=tracker.advanced_events,
                     advance_calls=tracker.advance_calls,
                     failed_subscribers=failed,
@@ -295,6 +298,9 @@ class SharedStreamManager:
                     redeliveries_skipped=group.redeliveries_skipped,
                     upstream_connected=group.upstream.connected,
                     upstream_down_since=group.upstream.down_since,
+                    oldest=oldest,
+                    behind=MappingProxyType(group.behind()) if group.ack_mode else _NOTHING,
+                    broker_lag=None if producer is None else producer.broker_lag(),
                 )
             )
         return result

@@ -330,8 +330,10 @@ class LaneTracker:
         ):
             room.set_result(None)
 
-    def oldest_broadcast_at(self) -> float | None:
-        oldest: float | None = None
+    def oldest_run(self) -> Run | None:
+        """The run broadcast first among those not advanced yet (the first in stream
+        order among those broadcast at the same time). O(lanes)."""
+        oldest: Run | None = None
         for lane in self.lanes.values():
             if lane.in_flight:
                 first = lane.in_flight[0]
@@ -339,6 +341,9 @@ class LaneTracker:
                 first = lane.runs[0]
             else:
                 continue
-            if oldest is None or first.broadcast_at < oldest:
-                oldest = first.broadcast_at
+            if oldest is None or (first.broadcast_at, first.position) < (
+                oldest.broadcast_at,
+                oldest.position,
+            ):
+                oldest = first
         return oldest

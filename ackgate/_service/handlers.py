@@ -224,6 +224,9 @@ class HandlerStats:
         in_progress: Messages in a handler call right now (retry backoffs included).
         redeliveries_skipped: Redelivered copies this handler was not handed
             because it had acked an earlier copy (docs/concepts.md#redelivery-memory).
+        behind: Messages read from the broker that this handler has not finished
+            yet (queued for it, or in its calls): how far it is behind what was
+            fetched. 0 while no group is live.
     """
 
     id: str
@@ -234,6 +237,29 @@ class HandlerStats:
     in_progress: int
     redeliveries_skipped: int = 0
     gave_up: int = 0
+    behind: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OldestMessage:
+    """The oldest message a service read and has not advanced past (committed,
+    deleted, acked, completed), and who holds it.
+
+    Attributes:
+        lane: Its lane (a Kafka partition, an SQS FIFO group...).
+        key: Its :attr:`Message.key` (``None`` when it has none).
+        id: Its :attr:`Message.id`.
+        handlers: The handlers that have not finished it, in registration order;
+            ``()`` when every one did and only the advance (of it or of an earlier
+            message of its lane) is pending.
+        age: Seconds since it was read.
+    """
+
+    lane: Hashable
+    key: Hashable
+    id: str
+    handlers: tuple[str, ...]
+    age: float
 
 
 class HandlerCounters:
@@ -273,7 +299,7 @@ class HandlerCounters:
             self.skipped_in_ended_groups += last.redeliveries_skipped
         self.live = subscription
 
-    def snapshot(self, handler_id: str) -> HandlerStats:
+    def snapshot(self, handler_id: str, behind: int = 0) -> HandlerStats:
         return HandlerStats(
             id=handler_id,
             handled=self.handled,
@@ -284,6 +310,7 @@ class HandlerCounters:
             redeliveries_skipped=self.skipped_in_ended_groups
             + (self.live.redeliveries_skipped if self.live is not None else 0),
             gave_up=self.gave_up,
+            behind=behind,
         )
 
 
@@ -298,6 +325,8 @@ class ServiceStats:
             ``run()``, during a restart backoff, after the stop).
         handlers: Per handler id, in registration order.
         restarts: Times the group was restarted after it ended.
+        oldest: The oldest message read and not advanced yet, named; ``None`` when
+            none (or no group is live). It does not make the service unready.
     """
 
     key: Hashable
@@ -305,3 +334,4 @@ class ServiceStats:
     group: GroupStats | None
     handlers: Mapping[str, HandlerStats]
     restarts: int
+    oldest: OldestMessage | None = None

@@ -25,7 +25,9 @@ from typing import Any, Literal, TypeVar
 
 from ackgate._contract.checks import check_int, check_number
 from ackgate._contract.errors import StreamTerminated
+from ackgate._contract.message import Message
 from ackgate._contract.producer import SharedStreamProducer
+from ackgate._contract.stats import OldestOutstanding
 from ackgate._core.manager import SharedStreamManager
 from ackgate._service.convert import Converting, DeadLetterMissing, MessageProducer
 from ackgate._service.decode import check_decoder
@@ -33,6 +35,7 @@ from ackgate._service.feed import DEFAULT_STOP_TIMEOUT, HandlerWorker
 from ackgate._service.handlers import (
     HandlerCounters,
     HandlerSpec,
+    OldestMessage,
     Ordering,
     ServiceStats,
     check_spec,
@@ -491,14 +494,19 @@ class Service:
     def stats(self) -> ServiceStats:
         """The group's :class:`GroupStats` (if live) and per-handler counts. Cheap."""
         group = next((g for g in self._manager.stats() if g.key == self.key), None)
+        behind = {} if group is None else group.behind
         return ServiceStats(
             key=self.key,
             state=self._state,
             group=group,
             handlers=MappingProxyType(
-                {hid: counters.snapshot(hid) for hid, counters in self._counters.items()}
+                {
+                    hid: counters.snapshot(hid, behind.get(hid, 0))
+                    for hid, counters in self._counters.items()
+                }
             ),
             restarts=self._restarts,
+            oldest=None if group is None else _named(group.oldest),
         )
 
 
@@ -516,6 +524,22 @@ def ended_because(error: BaseException) -> str:
             return f"unknown host: {text}" if "unknown host" not in text else text
         chained = chained.__cause__ or chained.__context__
     return text
+
+
+def _named(oldest: OldestOutstanding | None) -> OldestMessage | None:
+    """The group's oldest event as a message (a service's events are its messages)."""
+    if oldest is None:
+        return None
+    message = oldest.raw_event
+    if not isinstance(message, Message):  # pragma: no cover - a service converts each event
+        return None
+    return OldestMessage(
+        lane=oldest.lane,
+        key=message.key,
+        id=message.id,
+        handlers=tuple(str(holder) for holder in oldest.holders),
+        age=oldest.age,
+    )
 
 
 def _check_restart_limit(limit: object) -> None:

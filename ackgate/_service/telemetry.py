@@ -10,14 +10,19 @@ What is recorded (names follow OpenTelemetry's messaging semantic conventions wh
 one exists, ``ackgate.*`` otherwise; every point carries ``ackgate.service``):
 
 - per handler (``ackgate.handler``): ``ackgate.handler.messages`` (counter, by
-  ``ackgate.outcome``: handled, rejected, failed, gave_up), ``ackgate.handler.in_progress``
-  and ``messaging.process.duration`` (histogram of each call, in seconds, with
+  ``ackgate.outcome``: handled, rejected, failed, gave_up), ``ackgate.handler.in_progress``,
+  ``ackgate.handler.behind`` (read and not finished by it) and
+  ``messaging.process.duration`` (histogram of each call, in seconds, with
   ``error.type`` when it raised);
 - per service group: ``ackgate.group.outstanding``, ``ackgate.group.oldest_outstanding_age``,
   ``ackgate.group.paused``, ``ackgate.group.upstream_connected``, ``ackgate.group.live``
   (gauges), ``ackgate.group.redeliveries_skipped``, ``ackgate.group.advances``,
   ``ackgate.group.advanced_messages`` and ``ackgate.service.restarts`` (counters),
-  ``ackgate.group.advance.duration`` (histogram).
+  ``ackgate.group.advance.duration`` (histogram);
+- lag: ``ackgate.group.lag`` per ``ackgate.lane`` and ``ackgate.group.broker_messages``
+  by ``ackgate.state`` (what the producer measures, ``SharedStreamProducer.broker_lag``),
+  and ``ackgate.group.oldest_message_age``, whose labels name the oldest message not
+  advanced (lane, key, id, the handlers holding it).
 
 Counts are read from the service's own counters when a reader collects (observable
 instruments), so the hot path only pays for the call histogram and the span.
@@ -48,7 +53,7 @@ if TYPE_CHECKING:
     from ackgate._contract.producer import SharedStreamProducer
     from ackgate._service.calls import Job
     from ackgate._service.convert import MessageProducer
-    from ackgate._service.handlers import HandlerSpec, ServiceStats
+    from ackgate._service.handlers import HandlerSpec, OldestMessage, ServiceStats
 
 SCOPE = "ackgate"
 
@@ -284,6 +289,34 @@ class _Instruments:
             unit="{message}",
             description="Messages in a handler call right now (retry backoffs included).",
         )
+        meter.create_observable_gauge(
+            "ackgate.handler.behind",
+            [lambda _options: observations("behind")],
+            unit="{message}",
+            description="Messages read from the broker that the handler has not finished.",
+        )
+        meter.create_observable_gauge(
+            "ackgate.group.lag",
+            [lambda _options: observations("lag")],
+            unit="{message}",
+            description="Per lane (ackgate.lane): the broker's end offset minus the committed "
+            "one, as the producer last measured it.",
+        )
+        meter.create_observable_gauge(
+            "ackgate.group.broker_messages",
+            [lambda _options: observations("broker_messages")],
+            unit="{message}",
+            description="Messages in the broker's queue by ackgate.state: waiting (not handed "
+            "out yet) or in_flight (handed out, not advanced), as the producer last measured.",
+        )
+        meter.create_observable_gauge(
+            "ackgate.group.oldest_message_age",
+            [lambda _options: observations("oldest_message")],
+            unit="s",
+            description="Age of the oldest message read and not advanced, named by its labels: "
+            "ackgate.lane, ackgate.message.key, messaging.message.id and ackgate.handlers "
+            "(the handlers holding it, comma-separated).",
+        )
         meter.create_observable_counter(
             "ackgate.group.redeliveries_skipped",
             [lambda _options: observations("skipped")],
@@ -366,6 +399,27 @@ class _Instruments:
                     yield Observation(
                         handler.in_progress, dict(attributes, **{"ackgate.handler": handler.id})
                     )
+            elif what == "behind":
+                for handler in stats.handlers.values():
+                    yield Observation(
+                        handler.behind, dict(attributes, **{"ackgate.handler": handler.id})
+                    )
+            elif what == "oldest_message":
+                oldest = stats.oldest
+                if oldest is not None:
+                    yield Observation(oldest.age, dict(attributes, **_named_labels(oldest)))
+            elif what in ("lag", "broker_messages"):
+                lag = None if group is None else group.broker_lag
+                if lag is None:
+                    continue
+                if what == "lag":
+                    for lane, lane_lag in lag.lanes.items():
+                        lane_label = {"ackgate.lane": _label(lane)}
+                        yield Observation(lane_lag, dict(attributes, **lane_label))
+                    continue
+                for state, count in (("waiting", lag.waiting), ("in_flight", lag.in_flight)):
+                    if count is not None:
+                        yield Observation(count, dict(attributes, **{"ackgate.state": state}))
             elif what == "skipped":
                 yield Observation(
                     sum(h.redeliveries_skipped for h in stats.handlers.values()), attributes
@@ -379,6 +433,28 @@ class _Instruments:
                 if what in ("upstream_connected", "paused"):
                     value = int(value)
                 yield Observation(value, attributes)
+
+
+#: Characters of a key kept in a label (a key can be a whole document).
+_LABEL_LIMIT = 64
+
+
+def _label(value: Any) -> str:
+    """A lane or key as a metric label: a str as it is, bytes decoded, else repr; cut."""
+    if isinstance(value, bytes):
+        text = value.decode("utf-8", "backslashreplace")
+    else:
+        text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= _LABEL_LIMIT else text[: _LABEL_LIMIT - 1] + "…"
+
+
+def _named_labels(oldest: OldestMessage) -> dict[str, str]:
+    return {
+        "ackgate.lane": _label(oldest.lane),
+        "ackgate.message.key": "" if oldest.key is None else _label(oldest.key),
+        "messaging.message.id": oldest.id,
+        "ackgate.handlers": ",".join(oldest.handlers),
+    }
 
 
 #: The instruments and the meter provider they were made with: made again only if

@@ -16,9 +16,10 @@ import socket
 from collections.abc import AsyncGenerator, Hashable, Iterable, Sequence
 from typing import Any, NamedTuple
 
-from ackgate import IdRange
+from ackgate import BrokerLag, IdRange
 from ackgate_kafka._commits import PartitionOwner
 from ackgate_kafka._dead_letter import SHARED_CONNECTION_OPTIONS
+from ackgate_kafka._lag import LagWatch
 from ackgate_kafka._membership import MembershipKeeper
 from ackgate_kafka._offset_map import decode
 from ackgate_kafka._outage import OutageWatch
@@ -94,6 +95,14 @@ class Fetcher(PartitionOwner):
 
     _topics: list[str]
     _options: dict[str, Any]
+    _lag_watch: LagWatch | None = None
+
+    def broker_lag(self) -> BrokerLag | None:
+        """Per partition of the topics, assigned here or not: its end offset minus the
+        group's committed offset, measured every few seconds
+        (:mod:`ackgate_kafka._lag`); ``None`` until the first measurement."""
+        watch = self._lag_watch
+        return None if watch is None else watch.last
 
     async def _chunks(self) -> AsyncGenerator[Chunk, None]:
         """A :class:`Chunk` for up to 256 records of one partition of a fetch at a
@@ -189,8 +198,10 @@ class Fetcher(PartitionOwner):
             self._group_id,
         )
         keeper.start()
-        watch = OutageWatch(self._consumer, self, self._bootstrap_servers)
+        watch = OutageWatch(self._consumer, self, self._bootstrap_servers, self._options)
         watch.start()
+        lag = self._lag_watch = LagWatch(self._consumer, self._topics, self._group_id)
+        lag.start()
         try:
             while True:
                 try:
@@ -221,6 +232,7 @@ class Fetcher(PartitionOwner):
                     if records and part.epoch == epoch and not part.draining:
                         yield tp, part, epoch, records
         finally:
+            await lag.close()
             await watch.close()
             await keeper.close()
 
@@ -253,6 +265,16 @@ class Fetcher(PartitionOwner):
                     )
                 else:
                     offset_map = decoded
+                    skipped = sum(end - start for start, end in decoded.finished.runs())
+                    log.info(
+                        "Using the offset map committed with %s-%d@%d: %d offset(s) past it "
+                        "finished (skipped when fetched again), %d with delivery counts",
+                        tp.topic,
+                        tp.partition,
+                        offset,
+                        skipped,
+                        len(decoded.counts),
+                    )
             part.load(offset, offset_map)
 
     async def _committed_past(self, part: PartitionState, epoch: int, offset: int) -> None:
