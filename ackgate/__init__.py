@@ -14,6 +14,7 @@ from ackgate._contract.errors import (
     AckGateError,
     AckTimeout,
     AdvanceFailed,
+    PermanentError,
     StreamTerminated,
     SubscriberOverflow,
 )
@@ -25,7 +26,7 @@ from ackgate._core.bindings import BoundBatch
 from ackgate._core.manager import SharedStreamManager
 from ackgate._core.subscription import Subscription, reject_shared_stream_event
 from ackgate._service.handlers import HandlerStats, OldestMessage, ServiceStats
-from ackgate._service.retry import Retry
+from ackgate._service.retry import Redelivery, Retry
 from ackgate._service.service import Service
 from ackgate._version import __version__ as __version__
 
@@ -47,6 +48,8 @@ __all__ = [
     "Message",
     "OldestMessage",
     "OldestOutstanding",
+    "PermanentError",
+    "Redelivery",
     "Reject",
     "Retry",
     "Service",

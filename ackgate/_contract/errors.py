@@ -34,3 +34,14 @@ class AdvanceFailed(StreamTerminated):
     ``__cause__`` is the producer's exception. Nothing after the failed batch was
     advanced, so the broker redelivers it.
     """
+
+
+class PermanentError(AckGateError):
+    """A refusal the broker will repeat however often it is retried (a dead-letter
+    topic that does not exist, a principal not authorised to write it).
+
+    A producer raises it (from ``advance`` or ``open_stream``) instead of an error
+    that a restart might mend. A :class:`~ackgate.Service` does not restart its group
+    for it: ``run()`` raises it, and ``ackgate run`` exits 1 with one line naming it
+    (docs/production.md#permanent-errors-and-exit-codes).
+    """

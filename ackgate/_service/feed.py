@@ -27,6 +27,7 @@ from ackgate._contract.producer import SharedStreamProducer
 from ackgate._core.subscription import Subscription
 from ackgate._service.calls import UNORDERED, Calls, Job
 from ackgate._service.handlers import HandlerCounters, HandlerSpec
+from ackgate._service.retry import Redelivery
 from ackgate._service.unresolved import UnresolvedCalls
 
 if TYPE_CHECKING:
@@ -43,8 +44,13 @@ DEFAULT_STOP_TIMEOUT = 30.0
 _MIN_FINAL_STOP = 1.0
 
 
+#: The ordering key of every batch of a batch handler kept in stream order: a batch
+#: waiting out a redelivery backoff holds back the later ones.
+_IN_STREAM_ORDER: Hashable = "batches in stream order"
+
+
 def _ordering_key(spec: HandlerSpec) -> Callable[[Message], Hashable]:
-    if spec.batched or spec.ordering == "none":
+    if spec.batched or spec.ordering == "none":  # batches: see ``_pull_batches``
         return lambda message: UNORDERED
     if spec.ordering == "lane":
         return lambda message: message.lane
@@ -91,8 +97,10 @@ class HandlerWorker:
         on_exit: Callable[[BaseException], None],
         unresolved: UnresolvedCalls,
         invoke: Callable[[Job], Awaitable[Any]] | None = None,
+        redelivery: Redelivery | None = None,
     ) -> None:
         self.spec = spec
+        self._redelivery = redelivery
         self._unresolved = unresolved
         self._invoke = invoke
         self._key = key
@@ -149,6 +157,7 @@ class HandlerWorker:
                 self._on_exit,
                 self._unresolved,
                 self._invoke,
+                self._redelivery,
             )
             pull = self._pull_batches if self.spec.batched else self._pull_each
             feed = self._feed = loop.create_task(pull(subscription, calls))
@@ -208,7 +217,7 @@ class HandlerWorker:
         service = self._service
         plain = spec.decoder is None
         while True:
-            room = calls.capacity - calls.held
+            room = calls.capacity - calls.active
             if room <= 0:
                 await calls.wait_room()
                 continue
@@ -231,9 +240,10 @@ class HandlerWorker:
         Each pull binds one ticket to all the messages it hands out."""
         size = self.spec.batch_size
         wait = self.spec.batch_wait
+        batch_key = UNORDERED if self.spec.ordering == "none" else _IN_STREAM_ORDER
         loop = asyncio.get_running_loop()
         while True:
-            if calls.held >= calls.capacity:
+            if calls.active >= calls.capacity:
                 await calls.wait_room()
             first = await subscription.pull_batch(size)
             messages = first.events  # a list of its own: extended in place
@@ -253,20 +263,22 @@ class HandlerWorker:
             except BaseException:
                 self._manager.fail_bound(seqs)  # never handed out
                 raise
-            job = self._batch_job(messages, seqs, sizes)
+            job = self._batch_job(messages, seqs, sizes, batch_key)
             if job is None:
                 self._manager.confirm_persisted(seqs)  # what was not rejected: unseen
             else:
                 calls.submit(job)
 
-    def _batch_job(self, messages: list[Message], seqs: list[int], sizes: list[int]) -> Job | None:
+    def _batch_job(
+        self, messages: list[Message], seqs: list[int], sizes: list[int], key: Hashable
+    ) -> Job | None:
         """The batch job of ``messages`` as :func:`handed_out` makes them: the ones that
         do not decode are rejected now, those meant for another handler are left
         bound (acked with the batch), both kept out of the call (``Job.apart``).
         ``None``: nothing is left to call."""
         spec = self.spec
         if spec.decoder is None and not any(REPLAYED_HEADER in m.headers for m in messages):
-            return Job(messages, messages, seqs, UNORDERED, sizes)
+            return Job(messages, messages, seqs, key, sizes)
         apart: set[int] = set()
         rejects: dict[int, str | None] = {}
         handed_messages: list[Message] = []
@@ -289,7 +301,7 @@ class HandlerWorker:
         if len(apart) == len(messages):
             return None
         argument = [m for index, m in enumerate(handed_messages) if index not in apart]
-        job = Job(argument, handed_messages, seqs, UNORDERED, sizes)
+        job = Job(argument, handed_messages, seqs, key, sizes)
         job.apart = apart or None
         return job
 

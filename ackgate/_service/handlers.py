@@ -20,7 +20,7 @@ from ackgate._contract.message import Message
 from ackgate._contract.stats import GroupStats
 from ackgate._core.subscription import Subscription
 from ackgate._service.decode import Decoder, check_decoder
-from ackgate._service.retry import Retry
+from ackgate._service.retry import Redelivery, Retry
 
 Ordering = Literal["lane", "key", "none"]
 ORDERINGS: tuple[Ordering, ...] = ("lane", "key", "none")
@@ -44,12 +44,15 @@ class HandlerSpec:
     batch_size: int
     #: Batch handlers: seconds after the first message of a batch it is called at the latest.
     batch_wait: float
-    #: A failure at ``Message.attempt >= give_up_after`` becomes a reject, and a message
-    #: whose earlier deliveries count that many unresolved calls is rejected without a
-    #: call (``Calls._give_up_unresolved``); ``None``: never.
+    #: A failure at ``Message.attempt >= give_up_after`` (this handler's count) becomes a
+    #: reject, and a message handed past it is rejected without a call
+    #: (``Calls._give_up_unresolved``); ``None``: never.
     give_up_after: int | None = None
     #: ``decode=``: the handler is handed copies whose ``value`` is the decoded body.
     decoder: Decoder | None = None
+    #: The backoff before a failed message is handed to this handler again; ``None``:
+    #: the service's.
+    redelivery: Redelivery | None = None
 
     @property
     def batched(self) -> bool:
@@ -67,6 +70,7 @@ def check_spec(
     batch_wait: object,
     give_up_after: object = None,
     decode: object = None,
+    redelivery: object = None,
 ) -> HandlerSpec:
     """Validate ``@service.handler`` arguments: ``ValueError``/``TypeError`` naming each."""
     if not isinstance(handler_id, str) or not handler_id:
@@ -98,6 +102,10 @@ def check_spec(
         give_up_after = check_int(
             f"handler {handler_id!r}: give_up_after", give_up_after, minimum=1
         )
+    if redelivery is not None and not isinstance(redelivery, Redelivery):
+        raise TypeError(
+            f"handler {handler_id!r}: redelivery must be a Redelivery or None, got {redelivery!r}"
+        )
     _check_takes_one_argument(handler_id, function, batched=batch_size > 1)
     _check_annotation(handler_id, function, batch_size)
     decoder = check_decoder(f"handler {handler_id!r}", decode)
@@ -112,6 +120,7 @@ def check_spec(
         batch_wait=batch_wait,
         give_up_after=give_up_after,
         decoder=decoder,
+        redelivery=redelivery,
     )
 
 
@@ -208,15 +217,19 @@ class HandlerStats:
     """What one handler of a service has done since ``run()`` started (messages, not calls).
 
     Each message the handler resolved counts in exactly one of ``handled``,
-    ``rejected``, ``failed`` and ``gave_up``. Messages abandoned by a stop, a
-    restart or an ack timeout (left to redelivery) count in none of them.
+    ``rejected`` and ``gave_up``; ``failed`` counts its hand-outs that failed (a
+    message failed twice, then acked, counts 2 there and 1 in ``handled``). Messages
+    abandoned by a stop, a restart or an ack timeout (left to redelivery) count in
+    none of them.
 
     Attributes:
         id: The handler id.
         handled: Acked: the call returned (for a batch handler, not rejected by its
             result).
         rejected: Rejected: ``Reject`` raised, or returned for it by a batch handler.
-        failed: Failed after every attempt: the broker redelivers them.
+        failed: Hand-outs that failed after every ``Retry`` call: each is handed to
+            the handler again after its redelivery backoff (a message failing three
+            times counts 3), or, past half the ack timeout, redelivered by the broker.
         gave_up: Rejected by ``give_up_after``: failed at ``Message.attempt >=
             give_up_after``, or handed with ``attempt > give_up_after`` (never
             called). They are dead-lettered once every handler is done with them.
@@ -224,6 +237,8 @@ class HandlerStats:
         in_progress: Messages in a handler call right now (retry backoffs included).
         redeliveries_skipped: Redelivered copies this handler was not handed
             because it had acked an earlier copy (docs/concepts.md#redelivery-memory).
+        awaiting_redelivery: Messages this handler failed that wait out their
+            redelivery backoff right now.
         behind: Messages read from the broker that this handler has not finished
             yet (queued for it, or in its calls): how far it is behind what was
             fetched. 0 while no group is live.
@@ -237,6 +252,7 @@ class HandlerStats:
     in_progress: int
     redeliveries_skipped: int = 0
     gave_up: int = 0
+    awaiting_redelivery: int = 0
     behind: int = 0
 
 
@@ -266,6 +282,7 @@ class HandlerCounters:
     """The live counters behind :class:`HandlerStats`. Invariant: every field >= 0."""
 
     __slots__ = (
+        "awaiting_redelivery",
         "bad_return_logged",
         "failed",
         "gave_up",
@@ -284,6 +301,7 @@ class HandlerCounters:
         self.gave_up = 0
         self.retried = 0
         self.in_progress = 0
+        self.awaiting_redelivery = 0
         #: The handler's latest subscription; its group counts the skipped copies.
         self.live: Subscription | None = None
         self.skipped_in_ended_groups = 0
@@ -310,6 +328,7 @@ class HandlerCounters:
             redeliveries_skipped=self.skipped_in_ended_groups
             + (self.live.redeliveries_skipped if self.live is not None else 0),
             gave_up=self.gave_up,
+            awaiting_redelivery=self.awaiting_redelivery,
             behind=behind,
         )
 

@@ -24,7 +24,7 @@ from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
 from ackgate._contract.checks import check_int, check_number
-from ackgate._contract.errors import StreamTerminated
+from ackgate._contract.errors import PermanentError, StreamTerminated
 from ackgate._contract.message import Message
 from ackgate._contract.producer import SharedStreamProducer
 from ackgate._contract.stats import OldestOutstanding
@@ -40,7 +40,7 @@ from ackgate._service.handlers import (
     ServiceStats,
     check_spec,
 )
-from ackgate._service.retry import Retry
+from ackgate._service.retry import Redelivery, Retry
 from ackgate._service.telemetry import ServiceTelemetry, for_service
 from ackgate._service.unresolved import UnresolvedCalls
 
@@ -66,10 +66,15 @@ class Service:
     ``manager=`` they must be empty. After the group ends, it is started again
     after ``restart_backoff`` seconds, doubling per consecutive restart up to
     ``max_restart_backoff`` (back to ``restart_backoff`` once a handler finished a
-    message in the meantime). ``decode=`` is every handler's ``decode=`` unless
-    the handler passes its own (see :meth:`handler`).
+    message in the meantime). ``redelivery`` is the :class:`~ackgate.Redelivery`
+    backoff of every handler without its own: how long a message a handler failed
+    waits before it is handed to that handler again.
+    ``decode=`` is every handler's ``decode=`` unless the handler passes its own
+    (see :meth:`handler`).
 
-    Supervision gives up in two cases, and ``run()`` raises. An exception raised by
+    Supervision gives up in three cases, and ``run()`` raises. A producer raising
+    :class:`~ackgate.PermanentError` (a refusal the broker repeats for good) stops it:
+    ``run()`` raises that error. An exception raised by
     the ``producer`` factory itself (or a factory returning something that is not a
     producer) is a configuration error: it is never retried, and ``run()`` raises
     that very exception. With ``restart_limit=N`` (default ``None``: no limit),
@@ -90,6 +95,7 @@ class Service:
         max_restart_backoff: float = 60.0,
         restart_limit: int | None = None,
         decode: object = None,
+        redelivery: Redelivery = Redelivery(),  # noqa: B008 - immutable
         **options: Any,
     ) -> None:
         if key is None:
@@ -122,6 +128,8 @@ class Service:
             )
         _check_restart_limit(restart_limit)
         check_decoder(f"service {key!r}", decode)
+        if not isinstance(redelivery, Redelivery):
+            raise TypeError(f"redelivery must be a Redelivery, got {redelivery!r}")
         if manager is not None and options:
             raise ValueError(
                 f"manager options {sorted(options)} apply only to the service's own manager; "
@@ -140,6 +148,7 @@ class Service:
         self._restart_limit = restart_limit
         #: Every handler's ``decode=`` unless it passes its own.
         self._decode = decode
+        self._redelivery = redelivery
         self._specs: dict[str, HandlerSpec] = {}
         self._counters: dict[str, HandlerCounters] = {}
         self._workers: list[HandlerWorker] = []
@@ -173,16 +182,24 @@ class Service:
         batch_wait: float = 0.0,
         give_up_after: int | None = None,
         decode: object = _SERVICE_DECODE,
+        redelivery: Redelivery | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated ``async def`` as handler ``handler_id``; return it unchanged.
 
         A per-message handler (``batch_size=1``) is called with one
         :class:`~ackgate.Message`: returning acks it, ``raise Reject(reason)``
         rejects it (dead-lettered, never retried), any other exception is retried
-        per ``retry``, then the message fails for this handler and is redelivered.
-        Retries, backoffs included, count against the manager's ``ack_timeout``: a
-        message not resolved by then fails for this handler, its calls in progress
-        are cancelled and it is subscribed again (the broker redelivers).
+        per ``retry``; then the message is handed to *this handler* again after its
+        redelivery backoff (``redelivery``, else the service's: 1 s doubling to 60 s,
+        jittered), in-process: the handlers that acked it never see it again, and
+        only what ``ordering`` ties to it waits for this handler (its key, its lane,
+        or nothing). A hand-out that would come past half the manager's
+        ``ack_timeout`` after the message reached the handler is not waited for: the
+        message fails for this handler and the broker redelivers it (with a fresh
+        ack timeout). Retries, their backoffs included, count against
+        ``ack_timeout``: a message not resolved by then fails for this handler, its
+        calls in progress are cancelled and it is subscribed again (the broker
+        redelivers).
         At most ``concurrency`` calls run at once; ``ordering`` is ``"lane"`` (one
         at a time per ``Message.lane``, in stream order), ``"key"`` (one at a time
         per ``Message.key``; messages without a key are not ordered) or ``"none"``.
@@ -199,7 +216,9 @@ class Service:
         message from coming back forever. When the handler fails a message (after
         every ``retry`` call) whose :attr:`Message.attempt` is ``>= give_up_after``,
         the failure becomes a reject for this handler, with the reason ``"gave up
-        after N attempts: ExcType: message"``: the message is dead-lettered once
+        after N attempts: ExcType: message"``: a handler failing a message every
+        time is handed it exactly N times. ``attempt`` is this handler's own count
+        (:mod:`ackgate._service.unresolved`). The message is dead-lettered once
         every handler is done with it, and the stream moves on. A handler that
         kills its process on a message, or hangs on it, never *fails* it; so a
         message is also rejected without calling the handler when its earlier
@@ -210,11 +229,10 @@ class Service:
         deliveries since count only when this handler's call on it was cut short
         (ack timeout, stop, restart), not when the message merely waited in a
         queue. Both are logged at WARNING and counted in ``HandlerStats.gave_up``.
-        ``attempt`` counts deliveries of the message, not calls of this handler: a
-        message redelivered because *another* handler failed it counts up too. For a batch
-        handler each message of a failed batch is judged by its own ``attempt``:
-        those at ``give_up_after`` or more are given up, the rest fail; messages
-        given up without a call are left out of the call. A service with
+        Another handler's failure never counts. For a batch handler each message
+        of a failed batch is judged by its own ``attempt``: those at
+        ``give_up_after`` or more are given up, the rest are handed again (a smaller
+        batch); messages given up without a call are left out of the call. A service with
         ``give_up_after`` on any handler refuses to start (``run()`` raises
         ``ValueError``) when the producer has no dead-letter destination
         (:meth:`SharedStreamProducer.dead_letter_destination` is ``None``): giving
@@ -282,6 +300,7 @@ class Service:
                 batch_wait=batch_wait,
                 give_up_after=give_up_after,
                 decode=self._decode if decode is _SERVICE_DECODE else decode,
+                redelivery=redelivery,
             )
             self._specs[spec.id] = spec
             self._counters[spec.id] = HandlerCounters()
@@ -344,6 +363,7 @@ class Service:
                 on_exit=self._handler_exited,
                 unresolved=self._unresolved,
                 invoke=None if telemetry is None else telemetry.handler(spec),
+                redelivery=self._redelivery,
             )
             for spec in self._specs.values()
         ]
@@ -395,6 +415,13 @@ class Service:
                     "configuration error, not retried"
                 )
                 raise failure
+            permanent = cause.__cause__
+            if isinstance(permanent, PermanentError):
+                permanent.add_note(
+                    f"service {self.key!r} stopped: the broker refuses this for good, a "
+                    "restart would not mend it"
+                )
+                raise permanent
             if self._factory.advanced_events != advanced:
                 advanced = self._factory.advanced_events
                 futile = 0

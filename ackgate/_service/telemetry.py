@@ -151,7 +151,7 @@ class ServiceTelemetry:
             try:
                 if tracer is None:
                     return await function(job.argument)
-                span_attributes, parent, links = self._span_of(job.messages, batched)
+                span_attributes, parent, links = self._span_of(job.shown, batched)
                 span_attributes.update(attributes)
                 with tracer.start_as_current_span(
                     f"process {self.destination or self.system}",

@@ -1,14 +1,16 @@
-"""What a service's process knows about earlier deliveries of a message, for the
-``give_up_after`` rule "handed with ``attempt > give_up_after``: give up without a
-call" (see ``Calls._give_up_unresolved``).
+"""A handler's own count of its hand-outs of a message: ``Message.attempt`` as that
+handler sees it, and the ``give_up_after`` rules built on it (``Calls``).
 
-``Message.attempt - 1`` deliveries came before this one. Those made before this
-process first saw the message are unknown: the process may have stopped while a
-handler was on them (a crash loop), so each counts as a call that never resolved.
-Those made since are known: a handler's call on it was cut short (the ack timeout,
-a stop, a restart) or it was not (it was never called: it waited in a queue that
-was dropped, or behind a hung message). Only the calls cut short count, so a message
-that merely waited behind a hung one is not given up without ever being called.
+A handler sees ``attempt = before + unresolved + 1`` where ``before`` is
+``Message.attempt - 1`` of the first delivery of the message this process saw (the
+broker's or the adapter's count: the process may have stopped while a handler was
+on each of those deliveries, a crash loop, so each counts as a call that never
+resolved) and ``unresolved`` the hand-outs of it to this handler in this process
+that ended without an ack or a reject: the call failed (after its ``Retry``) or was
+cut short (the ack timeout, a stop, a restart). A delivery that never reached the
+handler (it waited in a queue that was dropped, or behind a hung message) counts
+nothing, and neither does another handler's failure: the count is per handler,
+exact in calls (docs/failure-semantics.md#redelivery-to-the-failing-handler).
 """
 
 from __future__ import annotations
@@ -20,21 +22,21 @@ _REMEMBERED = 65_536
 
 
 class UnresolvedCalls:
-    """Per service: first attempts seen per message id, and calls cut short per
-    handler and message id, each for the ``_REMEMBERED`` most recent ids.
+    """Per service: first attempts seen per message id, and hand-outs that ended
+    unresolved per handler and message id, each for the ``_REMEMBERED`` most recent ids.
 
-    Forgetting an id only makes the rule assume the worst for it (every earlier
-    delivery a call that never resolved), as for a message seen first now.
+    Forgetting an id only makes the count start again from the broker's attempt for
+    it, as for a message seen first now.
     """
 
-    __slots__ = ("_cut", "_first", "_order")
+    __slots__ = ("_ended", "_first", "_order")
 
     def __init__(self) -> None:
         #: Invariant: the keys of ``_first`` are exactly the items of ``_order``, oldest
         #: first, at most ``2 * _REMEMBERED`` of them.
         self._first: dict[str, int] = {}
         self._order: list[str] = []
-        self._cut = DeliveryCounts(_REMEMBERED)
+        self._ended = DeliveryCounts(_REMEMBERED)
 
     def seen(self, message: Message) -> None:
         """Caller: the service's conversion, once per delivery of ``message``."""
@@ -48,14 +50,15 @@ class UnresolvedCalls:
                 del self._first[forgotten]
             del self._order[:-_REMEMBERED]
 
-    def cut_short(self, handler_id: str, message: Message) -> None:
-        """Caller: a handler's calls, when a call on ``message`` ended unresolved."""
-        self._cut.add((handler_id, message.id))
+    def ended_unresolved(self, handler_id: str, message: Message) -> None:
+        """Caller: a handler's calls, when a hand-out of ``message`` failed or was cut
+        short."""
+        self._ended.add((handler_id, message.id))
 
-    def count(self, handler_id: str, message: Message) -> int:
-        """Earlier deliveries of ``message`` to count as calls of ``handler_id`` that
-        never resolved: those before this process saw it, plus the calls cut short."""
+    def attempt(self, handler_id: str, message: Message) -> int | None:
+        """``message.attempt`` as ``handler_id`` sees it on its next hand-out (``None``
+        when the producer counts no attempts)."""
         attempt = message.attempt
-        assert attempt is not None
-        before = self._first.get(message.id, attempt) - 1
-        return before + self._cut.get((handler_id, message.id))
+        if attempt is None:
+            return None
+        return self._first.get(message.id, attempt) + self._ended.get((handler_id, message.id))

@@ -21,6 +21,8 @@ def test_public_names_are_pinned() -> None:
             "DeadLetter",
             "OldestMessage",
             "OldestOutstanding",
+            "PermanentError",
+            "Redelivery",
             "Reject",
             "Retry",
             "Service",

@@ -8,9 +8,13 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from ackgate import AdvanceOutcome, Message, Reject, Retry, Service
+from ackgate import AdvanceOutcome, Message, Redelivery, Reject, Retry, Service
 from ackgate.adapters.memory import MemoryBroker, MemoryStreamProducer
 from ackgate.testing import ScriptedProducer
+
+#: A redelivery backoff past half the ack timeout: a failed message is failed to the
+#: broker, which redelivers it (docs/failure-semantics.md#redelivery-to-the-failing-handler).
+BROKER_REDELIVERS = Redelivery(backoff=1e3, max_backoff=1e3)
 
 
 def outcomes(producer: ScriptedProducer) -> dict[Any, AdvanceOutcome]:
@@ -104,7 +108,7 @@ async def test_a_failing_batch_is_retried_then_fails_every_message(running: Any)
     scripted = ScriptedProducer()
     for n in range(3):
         scripted.feed(b"%d" % n, n)
-    service = Service("k", producer=lambda: scripted)
+    service = Service("k", producer=lambda: scripted, redelivery=BROKER_REDELIVERS)
     calls: list[int] = []
 
     @service.handler(
@@ -146,7 +150,7 @@ async def test_a_batch_that_succeeds_on_retry_is_acked(running: Any) -> None:
 async def test_a_bad_batch_result_is_a_failure(running: Any) -> None:
     scripted = ScriptedProducer()
     scripted.feed(b"0", 0)
-    service = Service("k", producer=lambda: scripted)
+    service = Service("k", producer=lambda: scripted, redelivery=BROKER_REDELIVERS)
 
     @service.handler("bulk", batch_size=2)
     async def bulk(messages: list[Message]) -> Any:

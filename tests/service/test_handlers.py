@@ -11,10 +11,22 @@ from typing import Any
 
 import pytest
 
-from ackgate import AdvanceOutcome, Message, Reject, Retry, Service, reject_shared_stream_event
+from ackgate import (
+    AdvanceOutcome,
+    Message,
+    Redelivery,
+    Reject,
+    Retry,
+    Service,
+    reject_shared_stream_event,
+)
 from ackgate._service.calls import _MIN_HELD_MESSAGES
 from ackgate.adapters.memory import MemoryBroker, MemoryStreamProducer
 from ackgate.testing import ScriptedProducer
+
+#: A redelivery backoff past half the ack timeout: a failed message is failed to the
+#: broker, which redelivers it (docs/failure-semantics.md#redelivery-to-the-failing-handler).
+BROKER_REDELIVERS = Redelivery(backoff=1e3, max_backoff=1e3)
 
 
 def outcomes(producer: ScriptedProducer) -> dict[Any, AdvanceOutcome]:
@@ -76,7 +88,7 @@ async def test_exhausted_retries_fail_the_event_and_log_without_the_body(
     scripted = ScriptedProducer()
     scripted.feed(b"secret body", "p0")
     scripted.feed(b"fine", "p1")
-    service = Service("k", producer=lambda: scripted)
+    service = Service("k", producer=lambda: scripted, redelivery=BROKER_REDELIVERS)
 
     @service.handler("h", retry=Retry(attempts=2, backoff=0.0, max_backoff=0.0))
     async def handle(message: Message) -> None:
@@ -203,7 +215,7 @@ async def test_a_failure_is_redelivered_to_the_failing_handler_only(
     its records come again, but the healthy handler, which acked them, is not handed them."""
     for n in range(20):
         broker.publish("orders", b"%d" % n, key="one key")  # one partition
-    service = Service("orders", producer=memory_producer)
+    service = Service("orders", producer=memory_producer, redelivery=BROKER_REDELIVERS)
     healthy_bodies: list[bytes] = []
     healthy_done = asyncio.Event()
     failed_once = False
@@ -241,7 +253,7 @@ async def test_a_handler_behind_the_redelivery_point_is_not_handed_what_it_acked
     count = 100
     for n in range(count):
         broker.publish("orders", b"%d" % n, key="one key")  # one partition
-    service = Service("orders", producer=memory_producer)
+    service = Service("orders", producer=memory_producer, redelivery=BROKER_REDELIVERS)
     healthy_bodies: list[bytes] = []
     copies_came = asyncio.Event()
     flaky_bodies: list[bytes] = []

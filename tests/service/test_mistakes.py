@@ -19,9 +19,13 @@ from typing import Any
 import pytest
 
 import ackgate._service.feed
-from ackgate import AdvanceOutcome, Message, Reject, Retry, Service
+from ackgate import AdvanceOutcome, Message, Redelivery, Reject, Retry, Service
 from ackgate.adapters.memory import MemoryBroker, MemoryStreamProducer
 from ackgate.testing import FakeClock, ScriptedProducer
+
+#: A redelivery backoff past half the ack timeout: a failed message is failed to the
+#: broker, which redelivers it (docs/failure-semantics.md#redelivery-to-the-failing-handler).
+BROKER_REDELIVERS = Redelivery(backoff=1e3, max_backoff=1e3)
 
 
 def make() -> ScriptedProducer:
@@ -191,7 +195,7 @@ async def test_returning_a_value_fails_the_call_naming_the_handler(
     scripted = ScriptedProducer()
     for n in range(3):
         scripted.feed(b"%d" % n, n)
-    service = Service("k", producer=lambda: scripted)
+    service = Service("k", producer=lambda: scripted, redelivery=BROKER_REDELIVERS)
 
     @service.handler("indexer", retry=Retry(attempts=2, backoff=0.0, max_backoff=0.0))
     async def index(message: Message) -> bool:
@@ -217,7 +221,7 @@ async def test_a_batch_handler_returning_a_list_fails_the_batch(
     scripted = ScriptedProducer()
     for n in range(3):
         scripted.feed(b"%d" % n, n)
-    service = Service("k", producer=lambda: scripted)
+    service = Service("k", producer=lambda: scripted, redelivery=BROKER_REDELIVERS)
 
     @service.handler("bulk", batch_size=3, batch_wait=5.0)
     async def bulk(messages: list[Message]) -> list[Message]:
@@ -236,7 +240,7 @@ async def test_cancelled_error_raised_by_the_handler_is_a_failure_and_the_lane_g
     scripted = ScriptedProducer()  # one lane: each waits for the one before
     for n in range(40):  # more than the handler holds at once
         scripted.feed(b"%d" % n, n)
-    service = Service("k", producer=lambda: scripted)
+    service = Service("k", producer=lambda: scripted, redelivery=BROKER_REDELIVERS)
     calls: list[bytes] = []
 
     @service.handler("h", retry=Retry(attempts=2, backoff=0.0, max_backoff=0.0))

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ackgate import AdvanceItem, Message, Service, StreamTerminated
+from ackgate import AdvanceItem, Message, PermanentError, Service, StreamTerminated
 from ackgate.adapters.memory import MemoryBroker, MemoryStreamProducer
 
 
@@ -119,3 +119,31 @@ async def test_a_group_life_that_advanced_resets_the_restart_count(
 def test_restart_limit_is_none_or_an_integer_at_least_zero(limit: object) -> None:
     with pytest.raises(ValueError, match=r"restart_limit must be an int >= 0"):
         Service("orders", producer=lambda: None, restart_limit=limit)  # type: ignore[arg-type]
+
+
+class RefusedForGood(MemoryStreamProducer):
+    """Every advance is refused the way a DLQ topic that does not exist refuses it."""
+
+    opened = 0
+
+    async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
+        RefusedForGood.opened += 1
+        async for item in super().open_stream():
+            yield item
+
+    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        raise PermanentError("the DLQ topic refuses writes for good")
+
+
+async def test_a_permanent_error_of_the_producer_stops_the_service_without_a_restart() -> None:
+    broker = MemoryBroker()
+    broker.create_topic("orders", partitions=1)
+    broker.publish("orders", b"m0")
+    service, handled = a_service(lambda: RefusedForGood(broker, "orders", "g"))
+    with pytest.raises(PermanentError, match="refuses writes for good") as raised:
+        async with asyncio.timeout(10):
+            await service.run()
+    assert handled == [b"m0"]
+    assert service.stats().restarts == 0 and RefusedForGood.opened == 1
+    assert "a restart would not mend it" in " ".join(raised.value.__notes__)
+    assert broker.committed("orders", "g") == {0: 0}  # nothing committed past m0

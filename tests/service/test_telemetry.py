@@ -12,10 +12,14 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.propagate import inject
 
-from ackgate import BrokerLag, Message, Reject, Service
+from ackgate import BrokerLag, Message, Redelivery, Reject, Service
 from ackgate._service.telemetry import sdk_configured
 from ackgate.adapters.memory import MemoryBroker, MemoryStreamProducer
 from ackgate_test_support.otel import otel_sdk, points
+
+#: A redelivery backoff past half the ack timeout: a failed message is failed to the
+#: broker, which redelivers it (docs/failure-semantics.md#redelivery-to-the-failing-handler).
+BROKER_REDELIVERS = Redelivery(backoff=1e3, max_backoff=1e3)
 
 
 def value(found: dict[str, list[Any]], name: str, **attributes: str) -> Any:
@@ -30,7 +34,11 @@ async def test_every_instrument_after_a_known_run(broker: MemoryBroker, running:
     for n in range(10):
         broker.publish("orders", b"bad" if n in (2, 7) else b"m%d" % n)
     with otel_sdk() as (reader, _spans):
-        service = Service("metered", producer=lambda: MemoryStreamProducer(broker, "orders", "g"))
+        service = Service(
+            "metered",
+            producer=lambda: MemoryStreamProducer(broker, "orders", "g"),
+            redelivery=BROKER_REDELIVERS,
+        )
         flaked = asyncio.Event()
 
         @service.handler("indexer", concurrency=4)

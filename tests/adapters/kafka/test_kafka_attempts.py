@@ -23,7 +23,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import TopicPartition
 
-from ackgate import Message, Service
+from ackgate import Message, Redelivery, Service
 from ackgate_kafka import KafkaStreamProducer
 from ackgate_kafka._offset_map import OffsetRuns, decode, encode
 
@@ -113,7 +113,9 @@ async def test_what_a_life_finished_past_a_hold_is_not_delivered_again(
     async def a1(message: Message) -> None:
         handled["a"].add(message.raw.offset)
 
-    @first.handler("b")
+    # A backoff past half the ack timeout: each failure goes to the broker (a hold),
+    # which is what records the offsets finished past it in the commit metadata.
+    @first.handler("b", redelivery=Redelivery(backoff=1e3, max_backoff=1e3))
     async def b1(message: Message) -> None:
         if message.raw.offset == 2:
             failed_at.append(message.attempt)

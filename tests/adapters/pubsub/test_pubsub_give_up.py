@@ -6,11 +6,13 @@ attempts, with the reason, and nothing else is lost."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import Counter
+from typing import Any
 
 import pytest
 
-from ackgate import Message, Service
+from ackgate import Message, Redelivery, Service
 from ackgate_pubsub import PubSubStreamProducer
 
 from .pubsub_support import PubSubAdmin, text
@@ -30,8 +32,12 @@ async def test_a_message_that_always_fails_is_dead_lettered_after_give_up_after_
     service = Service(
         "pubsub",
         producer=lambda: PubSubStreamProducer(subscription, dlq_topic=dlq_topic, pull_timeout=2),
+        redelivery=Redelivery(backoff=0.2, max_backoff=0.4),
     )
     attempts: list[int | None] = []
+    # Each hand-out's broker delivery and loop time: the same delivery, after a backoff.
+    raws: list[Any] = []
+    times: list[float] = []
     handled: dict[str, Counter[str]] = {"picky": Counter(), "other": Counter()}
     done = asyncio.Event()
 
@@ -43,6 +49,8 @@ async def test_a_message_that_always_fails_is_dead_lettered_after_give_up_after_
     async def picky(message: Message) -> None:
         if message.body == b"poison":
             attempts.append(message.attempt)
+            raws.append(message.raw)
+            times.append(asyncio.get_running_loop().time())
             finished()
             raise ValueError("bad row")
         handled["picky"][message.body.decode()] += 1
@@ -60,6 +68,11 @@ async def test_a_message_that_always_fails_is_dead_lettered_after_give_up_after_
         await service.stop()  # the last call has returned: its reject is advanced
         await running
     assert attempts == [1, 2, 3]
+    # Handed again in-process (the broker never redelivered it), after each backoff's
+    # lower bound (half its ceiling): 0.1 s, then 0.2 s.
+    assert all(raw is raws[0] for raw in raws)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    assert gaps[0] >= 0.09 and gaps[1] >= 0.19, gaps
     assert handled["picky"] == handled["other"] == Counter(bodies[1:])  # nothing else lost
     assert service.stats().handlers["picky"].gave_up == 1
     (letter,) = await pubsub.pull(dlq, wait=10)

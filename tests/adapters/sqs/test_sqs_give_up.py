@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ackgate import Message, Service
+from ackgate import Message, Redelivery, Service
 from ackgate_sqs import REASON_ATTRIBUTE, SqsStreamProducer
 
 from .sqs_support import REGION, SqsAdmin
@@ -34,8 +35,15 @@ async def test_a_message_that_always_fails_is_dead_lettered_after_give_up_after_
     url, dlq = await sqs.create_queue(), await sqs.create_queue()
     bodies = ["poison", *(f"ok-{n}" for n in range(5))]
     await sqs.send(url, bodies)
-    service = Service("sqs", producer=factory(sqs, url, dlq_queue_url=dlq))
+    service = Service(
+        "sqs",
+        producer=factory(sqs, url, dlq_queue_url=dlq),
+        redelivery=Redelivery(backoff=0.2, max_backoff=0.4),
+    )
     attempts: list[int | None] = []
+    # Each hand-out's broker delivery and loop time: the same delivery, after a backoff.
+    raws: list[Any] = []
+    times: list[float] = []
     handled: dict[str, Counter[str]] = {"picky": Counter(), "other": Counter()}
     done = asyncio.Event()
 
@@ -47,6 +55,8 @@ async def test_a_message_that_always_fails_is_dead_lettered_after_give_up_after_
     async def picky(message: Message) -> None:
         if message.body == b"poison":
             attempts.append(message.attempt)
+            raws.append(message.raw)
+            times.append(asyncio.get_running_loop().time())
             finished()
             raise ValueError("bad row")
         handled["picky"][message.body.decode()] += 1
@@ -64,6 +74,11 @@ async def test_a_message_that_always_fails_is_dead_lettered_after_give_up_after_
         await service.stop()  # the last call has returned: its reject is advanced
         await running
     assert attempts == [1, 2, 3]
+    # Handed again in-process (the broker never redelivered it), after each backoff's
+    # lower bound (half its ceiling): 0.1 s, then 0.2 s.
+    assert all(raw is raws[0] for raw in raws)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    assert gaps[0] >= 0.09 and gaps[1] >= 0.19, gaps
     assert handled["picky"] == handled["other"] == Counter(bodies[1:])  # nothing else lost
     assert service.stats().handlers["picky"].gave_up == 1
     (letter,) = await sqs.drain(dlq)

@@ -95,6 +95,7 @@ class Fetcher(PartitionOwner):
 
     _topics: list[str]
     _options: dict[str, Any]
+    _dlq_options: dict[str, Any]
     _lag_watch: LagWatch | None = None
 
     def broker_lag(self) -> BrokerLag | None:
@@ -176,8 +177,9 @@ class Fetcher(PartitionOwner):
         self._consumer.subscribe(self._topics, listener=_RebalanceListener(self))
         if self._dlq_topic is not None:
             shared = {k: v for k, v in self._options.items() if k in SHARED_CONNECTION_OPTIONS}
+            options = {"acks": "all", **shared, **self._dlq_options}
             self._dlq = aiokafka.AIOKafkaProducer(
-                bootstrap_servers=self._bootstrap_servers, acks="all", **shared
+                bootstrap_servers=self._bootstrap_servers, **options
             )
         try:
             await self._consumer.start()

@@ -17,7 +17,9 @@ What each outcome does to the broker, per partition (the lane is ``(topic, parti
   not escaped: for people and logs, not for parsing). Without ``dlq_topic`` it is committed past and
   a WARNING names its offset: the event is dropped on purpose. The DLQ is at-least-once too: if the
   partition is revoked between the DLQ write and the commit, the new owner redelivers the event and
-  it may be dead-lettered again.
+  it may be dead-lettered again; within one process it is written once
+  (:mod:`ackgate_kafka._dead_letter`: once, a stub for a record too large for the DLQ, and
+  :class:`ackgate.PermanentError` for a DLQ topic missing or not writable).
 * **failed** by any subscriber, or broadcast to **zero** subscribers: *held*. The
   partition is committed up to just before it and sought back to it, so this process
   fetches it (and everything after it) again. Nothing past a held offset is committed
@@ -120,10 +122,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncGenerator, Hashable, Sequence
+from collections.abc import AsyncGenerator, Hashable, Mapping, Sequence
 from typing import Any
 
 from ackgate import EventBatch, Message
+from ackgate_kafka._dead_letter import DeadLetterWriter
 from ackgate_kafka._fetch import Fetcher, event_ids
 from ackgate_kafka._message import check_value, wrap, wrap_all
 
@@ -133,12 +136,15 @@ log = logging.getLogger("ackgate.adapters.kafka")
 DEFAULT_METADATA_MAX_AGE_MS = 30_000
 
 
-class KafkaStreamProducer(Fetcher):
+class KafkaStreamProducer(DeadLetterWriter, Fetcher):
     """Consume ``topics`` as consumer group ``group_id``; commit only what all subscribers resolved.
 
     ``consumer_options`` pass through to ``aiokafka.AIOKafkaConsumer`` (security
     protocol, SASL, ``ssl_context``, fetch sizes, ``max_poll_records``...); the
-    connection-level ones are shared with the DLQ producer. ``enable_auto_commit=True``
+    connection-level ones are shared with the DLQ producer. ``dlq_producer_options``
+    (with ``dlq_topic`` only) pass to the DLQ's ``aiokafka.AIOKafkaProducer`` over those,
+    e.g. ``{"max_request_size": 10_485_760}`` for records above 1 MB (the default
+    ``acks="all"`` may be overridden too). ``enable_auto_commit=True``
     is refused with ``ValueError`` here, before any connection. With a ``dlq_topic``,
     key/value deserializers are refused too: the DLQ copy carries the original bytes.
 
@@ -160,6 +166,7 @@ class KafkaStreamProducer(Fetcher):
         bootstrap_servers: str | Sequence[str],
         group_id: str,
         dlq_topic: str | None = None,
+        dlq_producer_options: Mapping[str, Any] | None = None,
         rebalance_drain_timeout: float = 10.0,
         **consumer_options: Any,
     ) -> None:
@@ -180,6 +187,18 @@ class KafkaStreamProducer(Fetcher):
                 "key_deserializer/value_deserializer cannot be combined with dlq_topic: the "
                 "DLQ copy needs the original bytes; deserialize in the subscriber instead"
             )
+        if dlq_producer_options is not None:
+            if not isinstance(dlq_producer_options, Mapping):
+                raise TypeError(
+                    f"dlq_producer_options must be a mapping, got {dlq_producer_options!r}"
+                )
+            if dlq_topic is None:
+                raise ValueError("dlq_producer_options apply to the DLQ producer: pass dlq_topic")
+            if "bootstrap_servers" in dlq_producer_options:
+                raise ValueError(
+                    "dlq_producer_options cannot set bootstrap_servers: the DLQ topic is "
+                    "on the consumer's cluster"
+                )
         if rebalance_drain_timeout < 0:
             raise ValueError("rebalance_drain_timeout must be >= 0")
         consumer_options.setdefault("auto_offset_reset", "earliest")
@@ -189,6 +208,7 @@ class KafkaStreamProducer(Fetcher):
         self._bootstrap_servers = bootstrap_servers
         self._group_id = group_id
         self._dlq_topic = dlq_topic
+        self._dlq_options = dict(dlq_producer_options or {})
         self._drain_timeout = rebalance_drain_timeout
         self._options = consumer_options
         self._consumer = None
