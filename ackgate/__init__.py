@@ -19,6 +19,7 @@ from ackgate._contract.errors import (
 from ackgate._contract.message import Message, Reject
 from ackgate._contract.outcome import AdvanceItem, AdvanceOutcome, AdvanceRun, EventBatch, IdRange
 from ackgate._contract.producer import SharedStreamProducer
+from ackgate._contract.progress import SubscriberProgress
 from ackgate._contract.stats import GroupStats
 from ackgate._core.bindings import BoundBatch
 from ackgate._core.manager import SharedStreamManager
@@ -50,6 +51,7 @@ __all__ = [
     "SharedStreamProducer",
     "StreamTerminated",
     "SubscriberOverflow",
+    "SubscriberProgress",
     "Subscription",
     "reject_shared_stream_event",
 ]

@@ -44,6 +44,8 @@ class PartitionOwner(SharedStreamProducer):
     # Set after every commit or hold; a draining revoke waits on it.
     _progress: asyncio.Event
     _keeper: MembershipKeeper | None
+    # Longest offset map a commit carries (``offset_map_max_bytes``).
+    _map_max_bytes: int
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """Commit past the batch's resolved prefix; dead-letter rejects; hold at a failure.
@@ -154,11 +156,75 @@ class PartitionOwner(SharedStreamProducer):
             )
             raise self._translate(exc, "DLQ write failed") from exc
 
-    async def _commit(self, tp: Any, part: PartitionState, offset: int) -> None:
-        assert part.owned and (part.committed_next is None or offset >= part.committed_next)
-        metadata = encode(
-            tp.topic, tp.partition, offset, part.finished, part.seen_next, part.counts
+    def _metadata(self, tp: Any, part: PartitionState, offset: int) -> tuple[str, bool]:
+        """The offset map of a commit of ``tp`` at ``offset``, with what each roster
+        member acked past it (``ackgate.SubscriberProgress``), and whether all of it
+        fit ``offset_map_max_bytes``."""
+        progress = self._subscriber_progress
+        members: dict[str, list[tuple[int, int]]] = {}
+        if progress is not None:
+            acked = progress.acked_offsets((tp.topic, tp.partition), offset)
+            members = {m: runs for m, runs in acked.items() if isinstance(m, str)}
+        return encode(
+            tp.topic,
+            tp.partition,
+            offset,
+            part.finished,
+            part.seen_next,
+            part.counts,
+            members,
+            self._map_max_bytes,
         )
+
+    def _overflowed(self, tp: Any, part: PartitionState, offset: int) -> None:
+        """A commit's map did not fit: counted (``GroupStats.progress_overflows``),
+        logged once per assignment."""
+        progress = self._subscriber_progress
+        if progress is not None:
+            progress.progress_overflowed()
+        if not part.overflowed:
+            part.overflowed = True
+            log.warning(
+                "The offset map of %s-%d@%d does not fit %d characters: what lies "
+                "farthest past the commit is left out, and is delivered again after a "
+                "restart or rebalance (duplicates). Raise offset_map_max_bytes (and the "
+                "broker's offset.metadata.max.bytes) to keep more",
+                tp.topic,
+                tp.partition,
+                offset,
+                self._map_max_bytes,
+            )
+
+    async def _refresh_maps(self, interval: float) -> None:
+        """Every ``interval`` seconds, commit each owned partition's committed offset
+        again where its map changed (members acked more since the last commit): a lane
+        that cannot advance (a slow handler, a failed message) still records what the
+        other members finished past it. Errors are left to the next advance's commit."""
+        while True:
+            await asyncio.sleep(interval)
+            for tp, part in list(self._partitions.items()):
+                if part.committed_next is None or not part.owned or part.draining:
+                    continue
+                async with self._lock:
+                    offset = part.committed_next
+                    if offset is None or not part.owned or part.draining or part.refused:
+                        continue
+                    metadata = self._metadata(tp, part, offset)
+                    if metadata[0] == part.metadata:
+                        continue
+                    try:
+                        await self._commit(tp, part, offset, metadata)
+                    except (RuntimeError, ConnectionError):
+                        continue  # logged by _commit; the next advance raises it
+
+    async def _commit(
+        self, tp: Any, part: PartitionState, offset: int, map_: tuple[str, bool] | None = None
+    ) -> None:
+        """Commit ``tp`` at ``offset`` with its offset map (``map_``, if made already)."""
+        assert part.owned and (part.committed_next is None or offset >= part.committed_next)
+        metadata, complete = self._metadata(tp, part, offset) if map_ is None else map_
+        if not complete:
+            self._overflowed(tp, part, offset)
         try:
             await self._consumer.commit({tp: (offset, metadata)})
         except self._errors.CommitFailedError:
@@ -188,6 +254,7 @@ class PartitionOwner(SharedStreamProducer):
             )
             raise self._translate(exc, "commit failed") from exc
         part.committed(offset)
+        part.metadata = metadata
 
     def _hold(self, tp: Any, part: PartitionState, offset: int) -> None:
         part.new_epoch(next(self._epochs))
@@ -224,6 +291,8 @@ class PartitionOwner(SharedStreamProducer):
             part.announce = True
             part.finished = OffsetRuns()
             part.refused = False
+            part.overflowed = False
+            part.metadata = None
         else:
             return part
         log.info("Partition assigned %s-%d group=%s", tp.topic, tp.partition, self._group_id)

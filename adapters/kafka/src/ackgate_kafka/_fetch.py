@@ -10,6 +10,7 @@ careful offsets alone. :class:`~ackgate_kafka.KafkaStreamProducer` turns the chu
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncGenerator, Hashable, Iterable, Sequence
 from typing import Any, NamedTuple
@@ -29,6 +30,10 @@ _POLL_TIMEOUT_MS = 1000
 # enough that a hold or revoke stops a fetch's stale rest between batches.
 _BATCH_RECORDS = 256
 _DEFAULT_MAX_POLL_INTERVAL_MS = 300_000  # aiokafka's default
+# How often a partition's map is committed again when only what the members acked past
+# the commit changed (``PartitionOwner._refresh_maps``): a SIGKILL then replays to a
+# member at most this long of its work past what an advance recorded.
+_MAP_REFRESH_SECONDS = 0.25
 
 
 def _import_aiokafka() -> Any:
@@ -185,6 +190,7 @@ class Fetcher(PartitionOwner):
         keeper.start()
         watch = OutageWatch(self._consumer, self, self._bootstrap_servers)
         watch.start()
+        refresh = asyncio.get_running_loop().create_task(self._refresh_maps(_MAP_REFRESH_SECONDS))
         try:
             while True:
                 try:
@@ -215,6 +221,8 @@ class Fetcher(PartitionOwner):
                     if records and part.epoch == epoch and not part.draining:
                         yield tp, part, epoch, records
         finally:
+            refresh.cancel()
+            await asyncio.gather(refresh, return_exceptions=True)
             await watch.close()
             await keeper.close()
 
@@ -235,7 +243,9 @@ class Fetcher(PartitionOwner):
             offset = found.offset if found is not None and found.offset >= 0 else None
             offset_map = None
             if offset is not None and found.metadata:
-                decoded = decode(found.metadata, tp.topic, tp.partition, offset)
+                decoded = decode(
+                    found.metadata, tp.topic, tp.partition, offset, self._map_max_bytes
+                )
                 if isinstance(decoded, str):
                     log.info(
                         "Ignoring the offset map committed with %s-%d@%d (%s): offsets past "
@@ -248,6 +258,11 @@ class Fetcher(PartitionOwner):
                 else:
                     offset_map = decoded
             part.load(offset, offset_map)
+            progress = self._subscriber_progress
+            if offset_map is not None and offset_map.members and progress is not None:
+                # Before anything of the partition is yielded: each member is not handed
+                # what it acked in an earlier life.
+                progress.seed_acked((tp.topic, tp.partition), offset_map.members)
 
     async def _committed_past(self, part: PartitionState, epoch: int, offset: int) -> None:
         """Wait until ``offset`` is committed past, held or revoked (advance and revoke

@@ -121,6 +121,10 @@ from typing import Any
 from ackgate import EventBatch, Message
 from ackgate_kafka._fetch import Fetcher, event_ids
 from ackgate_kafka._message import check_value, wrap, wrap_all
+from ackgate_kafka._offset_map import MAX_METADATA
+
+# An offset map this short still holds its header and a few runs.
+_SMALLEST_MAP = 128
 
 log = logging.getLogger("ackgate.adapters.kafka")
 
@@ -151,6 +155,7 @@ class KafkaStreamProducer(Fetcher):
         group_id: str,
         dlq_topic: str | None = None,
         rebalance_drain_timeout: float = 10.0,
+        offset_map_max_bytes: int = MAX_METADATA,
         **consumer_options: Any,
     ) -> None:
         self._topics = [topics] if isinstance(topics, str) else list(topics)
@@ -172,6 +177,12 @@ class KafkaStreamProducer(Fetcher):
             )
         if rebalance_drain_timeout < 0:
             raise ValueError("rebalance_drain_timeout must be >= 0")
+        if type(offset_map_max_bytes) is not int or offset_map_max_bytes < _SMALLEST_MAP:
+            raise ValueError(
+                f"offset_map_max_bytes must be an int >= {_SMALLEST_MAP} (Kafka's "
+                "offset.metadata.max.bytes, 4096 by default, bounds it from above), "
+                f"got {offset_map_max_bytes!r}"
+            )
         consumer_options.setdefault("auto_offset_reset", "earliest")
         self._bootstrap_servers = bootstrap_servers
         self._group_id = group_id
@@ -186,6 +197,7 @@ class KafkaStreamProducer(Fetcher):
         self._lock = asyncio.Lock()
         self._progress = asyncio.Event()
         self._keeper = None
+        self._map_max_bytes = offset_map_max_bytes
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         tp: Hashable = broker_payload.tp
