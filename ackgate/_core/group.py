@@ -121,7 +121,7 @@ class Group(Intake):
         self.redelivery = RedeliveryMemory(_REMEMBERED_EVENT_IDS)
         #: The memory, per roster member, for a producer that carries it across the
         #: group's lives (``SharedStreamProducer._watch_subscriber_progress``).
-        self.progress = GroupProgress(self.redelivery, roster)
+        self.progress = GroupProgress(self.redelivery, roster, self.members)
         self.redeliveries_skipped = 0
         self.redeliveries_skipped_by: dict[Hashable, int] = {}
         #: Set once the poll no longer reads the upstream (it ended, or is closing the

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
 
-from ackgate._core.redelivery import RedeliveryMemory
+from ackgate._core.redelivery import RedeliveryMemory, _Spanned
+from ackgate._core.subscription import Subscription
 
 
 def _bits_of(mask: int) -> list[int]:
@@ -39,14 +40,59 @@ def _merged(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
 _SEED_PIECE = 256
 
 
+def _acked_in_open_parts(
+    sub: Subscription, prefix: tuple[Hashable, ...], first: int
+) -> list[tuple[int, int]]:
+    """The offsets ``>= first`` of ``prefix`` that ``sub`` acked in runs it is still
+    busy with: a span remembers a subscriber's acks only once its whole part in the
+    run is done, so the run's state is read, by the rule of
+    ``Subscription._acked_in_open_part`` (handed, window closed, not rejected or
+    failed, nothing owing)."""
+    runs: list[tuple[int, int]] = []
+    for run, part in sub._parts.items():
+        memory = run.memory
+        if not isinstance(memory, _Spanned):
+            continue  # a run of cells remembers each ack as it is made
+        span = memory.span
+        if span.prefix != prefix or span.stop <= first:
+            continue
+        handed = min(sub._cursor - run.position, run.count)
+        marked = part[1]
+        current = sub._current_index if run is sub._current else -1
+        outputs = sub._outputs
+        batches = sub._batches
+        start = None
+        for index in range(max(0, first - span.first), max(handed, 0) + 1):
+            acked = (
+                index < handed
+                and not marked >> index & 1
+                and index != current
+                and not (outputs and (run, index) in outputs)
+                and not (batches and any(batch.owes_event(run, index) for batch in batches))
+            )
+            if acked and start is None:
+                start = index
+            elif not acked and start is not None:
+                runs.append((span.first + start, span.first + index))
+                start = None
+    return runs
+
+
 class GroupProgress:
     """What the roster members of one group acked, from its redelivery memory."""
 
-    __slots__ = ("_memory", "_roster", "overflows")
+    __slots__ = ("_members", "_memory", "_roster", "overflows")
 
-    def __init__(self, memory: RedeliveryMemory, roster: tuple[Hashable, ...] | None) -> None:
+    def __init__(
+        self,
+        memory: RedeliveryMemory,
+        roster: tuple[Hashable, ...] | None,
+        members: Mapping[Hashable, Subscription],
+    ) -> None:
         self._memory = memory
         self._roster = roster
+        #: The group's live subscriptions by id (``Group.members``, the same dict).
+        self._members = members
         #: Records of progress that did not fit (``GroupStats.progress_overflows``).
         self.overflows = 0
 
@@ -82,8 +128,13 @@ class GroupProgress:
         for bit, runs in by_bit.items():
             subscriber_id = memory.subscriber_of(bit)
             if subscriber_id in members:
-                result[subscriber_id] = _merged(runs)
-        return result
+                result[subscriber_id] = runs
+        for subscriber_id, sub in self._members.items():
+            if subscriber_id in members and sub._parts:
+                open_acks = _acked_in_open_parts(sub, prefix, first)
+                if open_acks:
+                    result.setdefault(subscriber_id, []).extend(open_acks)
+        return {subscriber_id: _merged(runs) for subscriber_id, runs in result.items()}
 
     def seed_acked(
         self, prefix: tuple[Hashable, ...], acked: Mapping[Hashable, Sequence[tuple[int, int]]]

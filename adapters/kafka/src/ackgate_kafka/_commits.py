@@ -196,26 +196,46 @@ class PartitionOwner(SharedStreamProducer):
             )
 
     async def _refresh_maps(self, interval: float) -> None:
-        """Every ``interval`` seconds, commit each owned partition's committed offset
-        again where its map changed (members acked more since the last commit): a lane
-        that cannot advance (a slow handler, a failed message) still records what the
-        other members finished past it. Errors are left to the next advance's commit."""
+        """Every ``interval`` seconds, commit the committed offset of each owned
+        partition with events outstanding again where its map changed (members acked
+        more since the last commit), all in one request: a lane that cannot advance (a
+        slow handler, a held offset) still records what the other members finished
+        past it. Errors are left to the next advance's commit, which raises them."""
         while True:
             await asyncio.sleep(interval)
-            for tp, part in list(self._partitions.items()):
-                if part.committed_next is None or not part.owned or part.draining:
-                    continue
-                async with self._lock:
+            if self._subscriber_progress is None:
+                continue
+            async with self._lock:
+                changed = {}
+                for tp, part in self._partitions.items():
                     offset = part.committed_next
-                    if offset is None or not part.owned or part.draining or part.refused:
+                    if (
+                        offset is None
+                        or part.yielded_next is None
+                        or part.yielded_next <= offset
+                        or not part.owned
+                        or part.draining
+                        or part.refused
+                    ):
                         continue
-                    metadata = self._metadata(tp, part, offset)
-                    if metadata[0] == part.metadata:
-                        continue
-                    try:
-                        await self._commit(tp, part, offset, metadata)
-                    except (RuntimeError, ConnectionError):
-                        continue  # logged by _commit; the next advance raises it
+                    metadata, complete = self._metadata(tp, part, offset)
+                    if metadata != part.metadata:
+                        if not complete:
+                            self._overflowed(tp, part, offset)
+                        changed[tp] = (offset, metadata)
+                if not changed:
+                    continue
+                try:
+                    await self._consumer.commit(changed)
+                except self._errors.CommitFailedError:
+                    for tp in changed:
+                        self._partitions[tp].refused = True  # as in _commit
+                    continue
+                except self._errors.KafkaError as exc:
+                    log.debug("Offset map refresh failed group=%s: %r", self._group_id, exc)
+                    continue
+                for tp, (offset, metadata) in changed.items():
+                    self._partitions[tp].metadata = metadata
 
     async def _commit(
         self, tp: Any, part: PartitionState, offset: int, map_: tuple[str, bool] | None = None

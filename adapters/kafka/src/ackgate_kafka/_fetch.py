@@ -33,7 +33,7 @@ _DEFAULT_MAX_POLL_INTERVAL_MS = 300_000  # aiokafka's default
 # How often a partition's map is committed again when only what the members acked past
 # the commit changed (``PartitionOwner._refresh_maps``): a SIGKILL then replays to a
 # member at most this long of its work past what an advance recorded.
-_MAP_REFRESH_SECONDS = 0.25
+_MAP_REFRESH_SECONDS = 0.05
 
 
 def _import_aiokafka() -> Any:
