@@ -234,7 +234,7 @@ class PartitionOwner(SharedStreamProducer):
                 except self._errors.KafkaError as exc:
                     log.debug("Offset map refresh failed group=%s: %r", self._group_id, exc)
                     continue
-                for tp, (offset, metadata) in changed.items():
+                for tp, (_, metadata) in changed.items():
                     self._partitions[tp].metadata = metadata
 
     async def _commit(
