@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -197,20 +198,24 @@ class PartitionOwner(SharedStreamProducer):
 
     async def _refresh_maps(self, interval: float) -> None:
         """Every ``interval`` seconds, commit the committed offset of each owned
-        partition with events outstanding again where its map changed (members acked
-        more since the last commit), all in one request: a lane that cannot advance (a
-        slow handler, a held offset) still records what the other members finished
-        past it. Errors are left to the next advance's commit, which raises them."""
+        partition with events outstanding and no commit for ``interval`` again where
+        its map changed (members acked more since), all in one request: a lane that
+        cannot advance (a slow handler, a held offset) still records what the other
+        members finished past it, and a lane that advances pays nothing more (each of
+        its commits carries the map). Errors are left to the next advance's commit,
+        which raises them."""
         while True:
             await asyncio.sleep(interval)
             if self._subscriber_progress is None:
                 continue
             async with self._lock:
                 changed = {}
+                stale = time.monotonic() - interval
                 for tp, part in self._partitions.items():
                     offset = part.committed_next
                     if (
                         offset is None
+                        or part.committed_at > stale
                         or part.yielded_next is None
                         or part.yielded_next <= offset
                         or not part.owned
@@ -234,8 +239,10 @@ class PartitionOwner(SharedStreamProducer):
                 except self._errors.KafkaError as exc:
                     log.debug("Offset map refresh failed group=%s: %r", self._group_id, exc)
                     continue
+                now = time.monotonic()
                 for tp, (_, metadata) in changed.items():
                     self._partitions[tp].metadata = metadata
+                    self._partitions[tp].committed_at = now
 
     async def _commit(
         self, tp: Any, part: PartitionState, offset: int, map_: tuple[str, bool] | None = None
@@ -275,6 +282,7 @@ class PartitionOwner(SharedStreamProducer):
             raise self._translate(exc, "commit failed") from exc
         part.committed(offset)
         part.metadata = metadata
+        part.committed_at = time.monotonic()
 
     def _hold(self, tp: Any, part: PartitionState, offset: int) -> None:
         part.new_epoch(next(self._epochs))

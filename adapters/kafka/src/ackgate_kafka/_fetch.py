@@ -30,10 +30,10 @@ _POLL_TIMEOUT_MS = 1000
 # enough that a hold or revoke stops a fetch's stale rest between batches.
 _BATCH_RECORDS = 256
 _DEFAULT_MAX_POLL_INTERVAL_MS = 300_000  # aiokafka's default
-# How often a partition's map is committed again when only what the members acked past
-# the commit changed (``PartitionOwner._refresh_maps``): a SIGKILL then replays to a
-# member at most this long of its work past what an advance recorded.
-_MAP_REFRESH_SECONDS = 0.05
+# How often the maps of partitions that did not commit for this long are committed again
+# where what the members acked past the commit changed (``PartitionOwner._refresh_maps``):
+# a SIGKILL then replays to a member about twice this long of its work, at most.
+_MAP_REFRESH_SECONDS = 0.025
 
 
 def _import_aiokafka() -> Any:

@@ -80,6 +80,8 @@ class PartitionState:
     refused: bool = False
     # The metadata of this assignment's last commit (a refresh commits only a change).
     metadata: str | None = None
+    # When this consumer last committed it (``time.monotonic()``).
+    committed_at: float = 0.0
     # This assignment's map did not fit once (logged then, counted every time).
     overflowed: bool = False
 
