@@ -32,10 +32,9 @@ class GroupStats:
             groups.
         missing: Rostered groups: the roster members not attached or force-failed,
             in roster order; ``()`` for dynamic groups.
-        redeliveries_skipped: Deliveries saved (docs/concepts.md#redelivery-memory): redelivered
-        copies
-            counted acked at once for subscribers that had acked an earlier copy,
-            instead of handed to them again.
+        redeliveries_skipped: Deliveries saved (docs/concepts.md#redelivery-memory):
+            redelivered copies counted acked at once for subscribers that had acked an
+            earlier copy, instead of handed to them again.
         progress_overflows: Records of per-subscriber progress (a Kafka commit's offset
             map) that did not fit the producer's limit: the acks left out are
             redelivered to those subscribers after a restart or rebalance
