@@ -25,6 +25,9 @@ from ackgate_kafka._partitions import Delivery, PartitionState
 
 log = logging.getLogger("ackgate.adapters.kafka")
 
+# Seconds a refresh of the offset maps may take (``PartitionOwner._refresh_maps``).
+_REFRESH_COMMIT_TIMEOUT = 5.0
+
 
 class PartitionOwner(SharedStreamProducer):
     """Partition ownership and the way back to the broker; the state is set up by
@@ -206,8 +209,11 @@ class PartitionOwner(SharedStreamProducer):
         which raises them."""
         while True:
             await asyncio.sleep(interval)
-            if self._subscriber_progress is None:
-                continue
+            upstream = self._upstream
+            if self._subscriber_progress is None or (
+                upstream is not None and not upstream.connected
+            ):
+                continue  # in an outage, the advance that follows it commits the map
             async with self._lock:
                 changed = {}
                 stale = time.monotonic() - interval
@@ -231,10 +237,16 @@ class PartitionOwner(SharedStreamProducer):
                 if not changed:
                     continue
                 try:
-                    await self._consumer.commit(changed)
+                    # Bounded: the lock it holds is the one a revoke waits for.
+                    async with asyncio.timeout(_REFRESH_COMMIT_TIMEOUT):
+                        await self._consumer.commit(changed)
+                except TimeoutError:
+                    log.debug("Offset map refresh timed out group=%s", self._group_id)
+                    continue
                 except self._errors.CommitFailedError:
                     for tp in changed:
                         self._partitions[tp].refused = True  # as in _commit
+                    self._progress.set()  # a draining revoke need not wait for them now
                     continue
                 except self._errors.KafkaError as exc:
                     log.debug("Offset map refresh failed group=%s: %r", self._group_id, exc)
