@@ -20,13 +20,13 @@ from ackgate._contract.message import Message, Reject
 from ackgate._contract.outcome import AdvanceItem, AdvanceOutcome, AdvanceRun, EventBatch, IdRange
 from ackgate._contract.producer import SharedStreamProducer
 from ackgate._contract.progress import SubscriberProgress
-from ackgate._contract.stats import GroupStats
+from ackgate._contract.stats import BrokerLag, GroupStats, OldestOutstanding
 from ackgate._core.bindings import BoundBatch
 from ackgate._core.manager import SharedStreamManager
 from ackgate._core.subscription import Subscription, reject_shared_stream_event
-from ackgate._service.handlers import HandlerStats
+from ackgate._service.handlers import HandlerStats, OldestMessage, ServiceStats
 from ackgate._service.retry import Retry
-from ackgate._service.service import Service, ServiceStats
+from ackgate._service.service import Service
 from ackgate._version import __version__ as __version__
 
 __all__ = [
@@ -37,12 +37,15 @@ __all__ = [
     "AdvanceOutcome",
     "AdvanceRun",
     "BoundBatch",
+    "BrokerLag",
     "DeliveryCounts",
     "EventBatch",
     "GroupStats",
     "HandlerStats",
     "IdRange",
     "Message",
+    "OldestMessage",
+    "OldestOutstanding",
     "Reject",
     "Retry",
     "Service",
@@ -55,3 +58,9 @@ __all__ = [
     "Subscription",
     "reject_shared_stream_event",
 ]
+
+# Public names report the module users import them from, not the private one that
+# defines them: reprs, tracebacks and pickles say ``ackgate.Service``.
+for _public in __all__:
+    globals()[_public].__module__ = __name__
+del _public

@@ -27,7 +27,8 @@ from typing import Any, ClassVar
 import aiokafka
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from ackgate import AdvanceItem, AdvanceOutcome, AdvanceRun, SharedStreamProducer
+from ackgate import AdvanceItem, AdvanceOutcome, AdvanceRun
+from ackgate._contract.producer import overrides
 from ackgate_kafka import KafkaStreamProducer
 
 PARTITIONS, PER_FETCH = 4, 500
@@ -97,7 +98,7 @@ async def once(records: int) -> tuple[float, float]:
     """Seconds per record spent fetching and advancing ``records`` records."""
     _Consumer.fetches = prebuilt(records)
     producer = KafkaStreamProducer("t", bootstrap_servers="stand-in:9092", group_id="g")
-    bulk = type(producer).advance_runs is not SharedStreamProducer.advance_runs
+    bulk = overrides(producer, "advance_runs")
     batches = producer.open_stream_batches()
     fetching = advancing = 0.0
     seen = 0

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable
 
+from ackgate._contract.checks import check_int
+
 
 class DeliveryCounts:
     """How many times each event id was delivered, for the ``capacity`` most recent ids.
@@ -28,8 +30,7 @@ class DeliveryCounts:
     __slots__ = ("_capacity", "_counts", "_order")
 
     def __init__(self, capacity: int = 65_536) -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-            raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
+        check_int("capacity", capacity, minimum=1)
         self._capacity = capacity
         #: Invariant: the keys of ``_counts`` are exactly the items of ``_order``,
         #: oldest first, at most ``capacity`` of them; every count is >= 1.

@@ -9,6 +9,7 @@ from typing import Any
 from ackgate._contract.message import Message
 from ackgate._contract.outcome import AdvanceItem, AdvanceRun, EventBatch
 from ackgate._contract.progress import SubscriberProgress
+from ackgate._contract.stats import BrokerLag
 from ackgate._contract.upstream import Upstream
 
 
@@ -180,6 +181,23 @@ class SharedStreamProducer(ABC):
             raw=raw_event,
         )
 
+    #: The broker, as OpenTelemetry's messaging conventions name it in
+    #: ``messaging.system`` (``"kafka"``, ``"aws_sqs"``, ``"gcp_pubsub"``,
+    #: ``"servicebus"``); ``None`` (the default) is reported as ``"unknown"``. A class
+    #: attribute: a :class:`~ackgate.Service` reads it once per group life to label the
+    #: handlers' spans.
+    messaging_system: str | None = None
+
+    def destination_name(self) -> str | None:
+        """The name of what this producer reads, for spans' ``messaging.destination.name``
+        (a queue URL, a subscription, an entity): ``None`` (the default) when each
+        message names its own (a Kafka record's topic) or there is none to tell.
+
+        Called once per group life, synchronously, right after the factory made the
+        producer: no I/O.
+        """
+        return None
+
     def dead_letter_destination(self) -> str | None:
         """Where :meth:`advance` stores a rejected event, for people: ``None`` if nowhere.
 
@@ -227,6 +245,19 @@ class SharedStreamProducer(ABC):
         if upstream is not None:
             upstream.back()
 
+    def broker_lag(self) -> BrokerLag | None:
+        """What the broker holds that this producer's group has not advanced past.
+
+        Optional: the default, ``None``, means the producer does not measure it.
+        Called by ``SharedStreamManager.stats()`` (so by health probes and metric
+        collections, up to a few times a second) on the event loop: return the last
+        measurement at once, never do I/O here. Refresh it in the stream's
+        background at an interval of the producer's choosing (a request every few
+        seconds, never one per message): Kafka's end offsets against the committed
+        ones per partition, SQS's approximate counts of its queue.
+        """
+        return None
+
     def _watch_upstream(self, upstream: Upstream | None) -> None:
         """Caller: the group, when it starts reading this producer (and ``None`` once
         it closed it). A wrapping producer forwards it to the producer it wraps."""
@@ -245,3 +276,10 @@ class SharedStreamProducer(ABC):
         Awaited exactly once when the group ends, after the last :meth:`advance`.
         An exception is logged at WARNING on the ``ackgate`` logger, not raised.
         """
+
+
+def overrides(producer: SharedStreamProducer, hook: str) -> bool:
+    """Whether ``producer``'s class replaces :class:`SharedStreamProducer`'s optional
+    ``hook`` (``"get_event_id"``, ``"open_stream_batches"``, ``"advance_runs"``, ...):
+    callers take the path the hook serves only then, and the default's cost never."""
+    return getattr(type(producer), hook) is not getattr(SharedStreamProducer, hook)

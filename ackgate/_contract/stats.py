@@ -2,9 +2,60 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+_NO_LANES: Mapping[Hashable, int] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerLag:
+    """What the broker holds that a group has not advanced past, as its producer last
+    measured it (:meth:`SharedStreamProducer.broker_lag`). Fields a broker does not
+    have are left at their defaults.
+
+    Attributes:
+        lanes: Per lane the broker numbers (a Kafka partition): its end offset minus
+            the committed offset, i.e. the messages not advanced past yet, read or
+            not.
+        waiting: Messages the broker holds that no consumer was handed yet (SQS:
+            ``ApproximateNumberOfMessages``); ``None`` when it does not count them.
+        in_flight: Messages handed to a consumer and not advanced yet (SQS:
+            ``ApproximateNumberOfMessagesNotVisible``); ``None`` likewise.
+        measured_at: Wall-clock time (``time.time()``) of the measurement.
+    """
+
+    lanes: Mapping[Hashable, int] = field(default_factory=lambda: _NO_LANES)
+    waiting: int | None = None
+    in_flight: int | None = None
+    measured_at: float = 0.0
+
+    @property
+    def total(self) -> int:
+        """Every lane's lag plus ``waiting`` (what is yet to be read and advanced)."""
+        return sum(self.lanes.values()) + (self.waiting or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class OldestOutstanding:
+    """The oldest event a group broadcast and has not advanced yet.
+
+    Attributes:
+        lane: Its lane.
+        age: Seconds since it was broadcast.
+        holders: The subscribers (roster members) that have not resolved it yet, in
+            subscription order; ``()`` once every one did and only its advance (or an
+            earlier event of its lane's) is pending.
+        raw_event: The event as broadcast (a :class:`~ackgate.Service`'s is its
+            :class:`~ackgate.Message`), to name it; do not keep it.
+    """
+
+    lane: Hashable
+    age: float
+    holders: tuple[Hashable, ...]
+    raw_event: Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,8 +84,8 @@ class GroupStats:
         missing: Rostered groups: the roster members not attached or force-failed,
             in roster order; ``()`` for dynamic groups.
         redeliveries_skipped: Deliveries saved (docs/concepts.md#redelivery-memory):
-            redelivered copies counted acked at once for subscribers that had acked an
-            earlier copy, instead of handed to them again.
+            redelivered copies counted acked at once for subscribers that had acked
+            an earlier copy, instead of handed to them again.
         progress_overflows: Records of per-subscriber progress (a Kafka commit's offset
             map) that did not fit the producer's limit: the acks left out are
             redelivered to those subscribers after a restart or rebalance
@@ -46,6 +97,13 @@ class GroupStats:
         upstream_down_since: Wall-clock time (``time.time()``, seconds since the
             epoch) the current outage was first reported; ``None`` while connected.
             It survives a restart of the group in the middle of the outage.
+        oldest: The oldest event broadcast and not advanced yet, and who holds it;
+            ``None`` when none (and on the fast path).
+        behind: Per live subscriber: events broadcast that it has not resolved yet
+            (an event of a batch counts until the subscriber's part in the batch is
+            resolved). What a slow subscriber is behind the poll.
+        broker_lag: What the producer last measured of the broker's backlog
+            (:meth:`SharedStreamProducer.broker_lag`); ``None`` when it does not.
     """
 
     key: Hashable
@@ -63,3 +121,6 @@ class GroupStats:
     progress_overflows: int = 0
     upstream_connected: bool = True
     upstream_down_since: float | None = None
+    oldest: OldestOutstanding | None = None
+    behind: Mapping[Hashable, int] = field(default_factory=lambda: _NO_LANES)
+    broker_lag: BrokerLag | None = None

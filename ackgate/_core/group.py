@@ -32,6 +32,7 @@ from ackgate._contract.errors import (
     StreamTerminated,
 )
 from ackgate._contract.producer import SharedStreamProducer
+from ackgate._contract.stats import OldestOutstanding
 from ackgate._contract.upstream import Upstream
 from ackgate._core.bindings import OutputRegistry
 from ackgate._core.fanout import EventLog, Run
@@ -134,6 +135,23 @@ class Group(Intake):
         self._poll_task = loop.create_task(self._poll())
         self._timer_task = loop.create_task(self._watch_timeouts()) if ack_mode else None
         logger.info("Shared stream group started key=%r", key)
+
+    # -- observing -----------------------------------------------------------------
+
+    def oldest_outstanding(self, now: float) -> OldestOutstanding | None:
+        """The oldest run not advanced yet (its first event) and the members holding it.
+        O(lanes + members)."""
+        run = self.tracker.oldest_run()
+        if run is None:
+            return None
+        holders = tuple(sid for sid, sub in self.members.items() if sub.holds(run))
+        raw = run.raws if run.count == 1 else run.raws[0]
+        return OldestOutstanding(run.lane_key(), max(0.0, now - run.broadcast_at), holders, raw)
+
+    def behind(self) -> dict[Hashable, int]:
+        """Per member, the events broadcast that it has not resolved. O(what the
+        members hold), not O(outstanding events)."""
+        return {sid: sub.unresolved_events() for sid, sub in self.members.items()}
 
     # -- ending --------------------------------------------------------------------
 

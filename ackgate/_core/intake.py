@@ -16,7 +16,7 @@ from typing import Any
 
 from ackgate._contract.errors import StreamTerminated, SubscriberOverflow
 from ackgate._contract.outcome import EventBatch
-from ackgate._contract.producer import SharedStreamProducer
+from ackgate._contract.producer import SharedStreamProducer, overrides
 from ackgate._core.fanout import Lane, Run
 from ackgate._core.subscription import Subscription
 from ackgate._core.timeouts import Timeouts
@@ -166,10 +166,10 @@ class Intake(Timeouts):
         self._producer = made
         made._watch_upstream(self.upstream)
         made._watch_subscriber_progress(self.progress)
-        if type(made).get_event_id is not SharedStreamProducer.get_event_id:
+        if overrides(made, "get_event_id"):
             self._get_event_id = made.get_event_id
         self.tracker.start(made)
-        if type(made).open_stream_batches is not SharedStreamProducer.open_stream_batches:
+        if overrides(made, "open_stream_batches"):
             return made.open_stream_batches(), None, True
         return made.open_stream(), made.get_advance_lane, False
 

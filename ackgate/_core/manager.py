@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Hashable, Iterable
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import Any, Literal
 
+from ackgate._contract.checks import check_int, check_number
 from ackgate._contract.errors import StreamTerminated
 from ackgate._contract.producer import SharedStreamProducer
 from ackgate._contract.stats import GroupStats
@@ -21,22 +21,7 @@ from ackgate._core.group_state import GroupConfig
 from ackgate._core.run_subscriber import Handler, Sink, drive
 from ackgate._core.subscription import Subscription, _check_reason
 
-
-def _check_number(name: str, value: object, *, minimum: float, inclusive: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    if value < minimum or (value == minimum and not inclusive):
-        bound = ">=" if inclusive else ">"
-        raise ValueError(f"{name} must be {bound} {minimum:g}, got {value!r}")
-    return float(value)
-
-
-def _check_int(name: str, value: object, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-    return value
+_NOTHING: MappingProxyType[Hashable, int] = MappingProxyType({})
 
 
 class SharedStreamManager:
@@ -75,19 +60,21 @@ class SharedStreamManager:
         if not callable(clock):
             raise ValueError(f"clock must be a zero-argument callable, got {clock!r}")
         self._config = GroupConfig(
-            ack_timeout=_check_number("ack_timeout", ack_timeout, minimum=0, inclusive=False),
-            subscriber_queue_size=_check_int(
+            ack_timeout=check_number(
+                "ack_timeout", ack_timeout, minimum=0, inclusive=False, finite=False
+            ),
+            subscriber_queue_size=check_int(
                 "subscriber_queue_size", subscriber_queue_size, minimum=1
             ),
-            cohort_grace_period=_check_number(
-                "cohort_grace_period", cohort_grace_period, minimum=0, inclusive=True
+            cohort_grace_period=check_number(
+                "cohort_grace_period", cohort_grace_period, minimum=0, finite=False
             ),
-            max_concurrent_advances=_check_int(
+            max_concurrent_advances=check_int(
                 "max_concurrent_advances", max_concurrent_advances, minimum=1
             ),
             overflow=overflow,
             clock=clock,
-            max_outstanding=_check_int("max_outstanding", max_outstanding, minimum=1),
+            max_outstanding=check_int("max_outstanding", max_outstanding, minimum=1),
         )
         self._groups: dict[Hashable, Group] = {}
         #: Upstreams of ended groups that were down when their group ended, by key:
@@ -292,7 +279,8 @@ class SharedStreamManager:
         result = []
         for group in self._groups.values():
             tracker = group.tracker
-            oldest = tracker.oldest_broadcast_at()
+            oldest = group.oldest_outstanding(now) if group.ack_mode else None
+            producer = tracker.producer
             failed = sum(1 for sub in group.members.values() if sub._failure is not None)
             result.append(
                 GroupStats(
@@ -301,7 +289,7 @@ class SharedStreamManager:
                     subscribers=len(group.members) - failed,
                     outstanding=tracker.outstanding,
                     lanes=sum(1 for lane in tracker.lanes.values() if lane.runs or lane.in_flight),
-                    oldest_outstanding_age=0.0 if oldest is None else max(0.0, now - oldest),
+                    oldest_outstanding_age=0.0 if oldest is None else oldest.age,
                     advanced_events=tracker.advanced_events,
                     advance_calls=tracker.advance_calls,
                     failed_subscribers=failed,
@@ -311,6 +299,9 @@ class SharedStreamManager:
                     progress_overflows=group.progress.overflows,
                     upstream_connected=group.upstream.connected,
                     upstream_down_since=group.upstream.down_since,
+                    oldest=oldest,
+                    behind=MappingProxyType(group.behind()) if group.ack_mode else _NOTHING,
+                    broker_lag=None if producer is None else producer.broker_lag(),
                 )
             )
         return result

@@ -29,6 +29,7 @@ from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, Protocol
 
+from ackgate._contract.checks import check_int
 from ackgate._contract.errors import StreamTerminated
 from ackgate._core.bindings import BatchBinding, BoundBatch, EventRef, OutputRegistry
 from ackgate._core.fanout import EventLog, Resolution, Run
@@ -243,6 +244,44 @@ class Subscription:
                 _current_subscription.set(self)
         return run.raws if count == 1 else run.raws[index]
 
+    def holds(self, run: Run) -> bool:
+        """Whether this subscriber has not resolved its part in ``run`` yet (it is in the
+        run's snapshot and was not handed all of it, or holds it open). For statistics:
+        O(1), changes nothing."""
+        if self._joined_at > run.position or self._failure is not None or self._left:
+            return False
+        if self._cursor < run.position + run.count or run in self._parts:
+            return True
+        if run.count == 1:
+            return (self._current is run and not self._current_resolved) or run in self._outputs
+        return False
+
+    def unresolved_events(self) -> int:
+        """Events broadcast that this subscriber has not resolved: those not handed to
+        it yet, and those handed in parts, outputs or the window still open (a part in
+        a run of several counts every event handed of it). For statistics:
+        O(parts + outputs), changes nothing."""
+        if self._failure is not None or self._left:
+            return 0
+        cursor = self._cursor
+        count = self._group.log.head - cursor
+        parts = self._parts
+        for run in parts:
+            count += min(cursor, run.position + run.count) - run.position
+        for ref in self._outputs:
+            if isinstance(ref, Run) and ref not in parts:
+                count += 1
+        current = self._current
+        if (
+            current is not None
+            and current.count == 1
+            and not self._current_resolved
+            and current not in self._outputs
+            and current not in parts
+        ):
+            count += 1
+        return count
+
     def _pass(self, run: Run) -> None:
         """Move the cursor past ``run`` without handing it out (it was skipped)."""
         self._cursor = run.position + run.count
@@ -285,8 +324,7 @@ class Subscription:
         group = self._group
         if not group.ack_mode:
             raise RuntimeError(f"{what}() needs an ack-mode subscription (producer=)")
-        if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
-            raise ValueError(f"max_events must be an int >= 1, got {max_events!r}")
+        check_int("max_events", max_events, minimum=1)
 
     async def pull_bound(self, max_events: int) -> list[tuple[Any, int]]:
         """Pull up to ``max_events`` events at once, each with one output bound to it.

@@ -2,7 +2,7 @@
 
 Each lane keeps its outstanding runs (:mod:`ackgate._core.fanout`) in fan-out order. A lane
 becomes *ready* when its first run is fully resolved; only then is it put on the
-ready queue, so no wake-up ever scans the lanes. Advance workers (at most
+ready queue, so no wake-up ever scans the lanes. Advancers (at most
 ``max_concurrent_advances`` of them) take ready lanes one at a time, cut the
 lane's contiguous resolved prefix into a batch and hand it to the producer: as
 :class:`~ackgate.AdvanceRun` s to a producer that overrides ``advance_runs``, else
@@ -15,7 +15,7 @@ Invariants:
 * batches leave a lane from its front only, so within a lane runs (and their
   events) are advanced in fan-out order and each batch is a contiguous prefix;
 * after ``halt()`` (an advance raised, or the group is torn down) no new batch is
-  started on any lane, and no worker is created;
+  started on any lane, and no advancer is created;
 * ``outstanding <= max_outstanding`` (docs/production.md#max_outstanding): the group's poll waits in
   :meth:`LaneTracker.wait_for_room` before it broadcasts more
   (``tests/core/test_max_outstanding.py``).
@@ -30,7 +30,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from ackgate._contract.outcome import AdvanceItem, AdvanceOutcome, AdvanceRun
-from ackgate._contract.producer import SharedStreamProducer
+from ackgate._contract.producer import SharedStreamProducer, overrides
 from ackgate._core.fanout import Lane, Run
 
 logger = logging.getLogger("ackgate.tracker")
@@ -95,8 +95,8 @@ class LaneTracker:
         self._cap = max_concurrent_advances
         self._on_advance_error = on_advance_error
         self._ready: deque[Lane] = deque()
-        self._workers: set[asyncio.Task[None]] = set()
-        self._idle_workers = 0
+        self._advancers: set[asyncio.Task[None]] = set()
+        self._idle_advancers = 0
         self._work = asyncio.Event()
         self._quiet = asyncio.Event()  # no ready lane and no call in flight
         self._quiet.set()
@@ -116,39 +116,39 @@ class LaneTracker:
         lane.queued = True
         self._ready.append(lane)
         self._quiet.clear()
-        if self._idle_workers:  # a busy worker finds the lane before it waits again
+        if self._idle_advancers:  # a busy advancer finds the lane before it waits again
             self._work.set()
-        self._add_workers()
+        self._add_advancers()
 
-    def _add_workers(self) -> None:
-        """Start workers until every ready lane has one, within ``max_concurrent_advances``."""
-        while len(self._workers) < self._cap and len(self._ready) > self._idle_workers:
-            task = asyncio.get_running_loop().create_task(self._worker())
-            self._workers.add(task)
-            task.add_done_callback(self._worker_ended)
+    def _add_advancers(self) -> None:
+        """Start advancers until every ready lane has one, within ``max_concurrent_advances``."""
+        while len(self._advancers) < self._cap and len(self._ready) > self._idle_advancers:
+            task = asyncio.get_running_loop().create_task(self._advancer())
+            self._advancers.add(task)
+            task.add_done_callback(self._advancer_ended)
 
-    def _worker_ended(self, task: asyncio.Task[None]) -> None:
-        self._workers.discard(task)
+    def _advancer_ended(self, task: asyncio.Task[None]) -> None:
+        self._advancers.discard(task)
         if task.cancelled() and not self.halted:
             # Cancelled from outside, not by ``drain`` (it halts first): asyncio.run()
             # cancels every task when main() ends. The lanes it would have advanced
             # are still ready, and the group's stop waits for them
-            # (tests/core/test_shutdown.py::test_advances_survive_their_workers_cancellation).
-            self._add_workers()
+            # (tests/core/test_shutdown.py::test_advances_survive_their_advancers_cancellation).
+            self._add_advancers()
 
-    async def _worker(self) -> None:
+    async def _advancer(self) -> None:
         producer = self.producer
         assert producer is not None
-        bulk = type(producer).advance_runs is not SharedStreamProducer.advance_runs
+        bulk = overrides(producer, "advance_runs")
         ready = self._ready
         while True:
             while not ready:
-                self._idle_workers += 1
+                self._idle_advancers += 1
                 self._work.clear()
                 try:
                     await self._work.wait()
                 finally:
-                    self._idle_workers -= 1
+                    self._idle_advancers -= 1
             lane = ready.popleft()
             lane.queued = False
             if self.halted:
@@ -190,7 +190,7 @@ class LaneTracker:
             if self._room is not None:
                 self._wake_poll()
             lane.in_flight = None
-            # An idle worker must hold no events (nor their payloads).
+            # An idle advancer must hold no events (nor their payloads).
             del batch, units
             if runs:
                 if runs[0].pending == 0:
@@ -277,7 +277,7 @@ class LaneTracker:
                 self._maybe_ready(lane)
 
     def halt(self) -> None:
-        """Start no further batch (nor worker) on any lane. Calls in flight run to
+        """Start no further batch (nor advancer) on any lane. Calls in flight run to
         completion. Wakes a poll waiting for room: nothing will make room any more."""
         self.halted = True
         self._ready.clear()
@@ -286,11 +286,11 @@ class LaneTracker:
 
     async def drain(self) -> None:
         """Wait until every resolved prefix is advanced (or the tracker halted) and
-        no call is in flight, then halt and stop the workers: on return no call is in
-        flight, none will start, and no worker task is left.
+        no call is in flight, then halt and stop the advancers: on return no call is in
+        flight, none will start, and no advancer task is left.
 
         Resolutions that land while this waits are advanced too; later ones are not.
-        Cancellation: the tracker halts and the workers are cancelled with the
+        Cancellation: the tracker halts and the advancers are cancelled with the
         caller (a call in flight is cancelled then: only on loop teardown).
         """
         try:
@@ -300,13 +300,13 @@ class LaneTracker:
                 await self._quiet.wait()
         finally:
             # Halting first, in the same step that saw quiet: no call is in flight and
-            # no new worker can start while the idle ones are cancelled below.
+            # no new advancer can start while the idle ones are cancelled below.
             self.halt()
-            for task in list(self._workers):
+            for task in list(self._advancers):
                 task.cancel()
-            if self._workers:
-                await asyncio.gather(*self._workers, return_exceptions=True)
-        assert not self._workers and self.in_flight_calls == 0
+            if self._advancers:
+                await asyncio.gather(*self._advancers, return_exceptions=True)
+        assert not self._advancers and self.in_flight_calls == 0
 
     async def wait_for_room(self) -> None:
         """Caller: the poll, at ``max_outstanding``. Returns once an advance brought
@@ -330,8 +330,10 @@ class LaneTracker:
         ):
             room.set_result(None)
 
-    def oldest_broadcast_at(self) -> float | None:
-        oldest: float | None = None
+    def oldest_run(self) -> Run | None:
+        """The run broadcast first among those not advanced yet (the first in stream
+        order among those broadcast at the same time). O(lanes)."""
+        oldest: Run | None = None
         for lane in self.lanes.values():
             if lane.in_flight:
                 first = lane.in_flight[0]
@@ -339,6 +341,9 @@ class LaneTracker:
                 first = lane.runs[0]
             else:
                 continue
-            if oldest is None or first.broadcast_at < oldest:
-                oldest = first.broadcast_at
+            if oldest is None or (first.broadcast_at, first.position) < (
+                oldest.broadcast_at,
+                oldest.position,
+            ):
+                oldest = first
         return oldest

@@ -16,6 +16,8 @@ import logging
 import time
 from collections.abc import Callable
 
+from ackgate._contract.checks import check_number
+
 #: Seconds between two records of one (logger, template) that both go through.
 DEFAULT_INTERVAL = 10.0
 
@@ -39,9 +41,7 @@ class RateLimitFilter(logging.Filter):
         self, interval: float = DEFAULT_INTERVAL, clock: Callable[[], float] = time.monotonic
     ) -> None:
         super().__init__()
-        if not interval > 0:
-            raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
-        self.interval = interval
+        self.interval = check_number("interval", interval, minimum=0, inclusive=False)
         self._clock = clock
         #: (logger name, template) -> [window start, records suppressed in it].
         self._windows: dict[tuple[str, str], list[float]] = {}

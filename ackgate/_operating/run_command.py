@@ -34,7 +34,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ackgate._operating.args import int_at_least
+from ackgate._operating.args import BadTarget, int_at_least, seconds
 from ackgate._operating.log_throttle import rate_limit_logging
 from ackgate._operating.run_options import (
     WORKER_INDEX_ENV,
@@ -71,22 +71,8 @@ graceful stop; 1 when a service failed (the others are stopped gracefully), a mo
 raised while imported, or the stop was forced; 2 for a bad command line or target."""
 
 
-class BadTarget(Exception):
-    """A ``MODULE:ATTR`` that does not name services; the message is the one line shown."""
-
-
 class ImportFailed(Exception):
     """The module of a target exists but raised while being imported (its ``__cause__``)."""
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
 
 
 def _level(text: str) -> str:
@@ -105,7 +91,7 @@ def add_parser(commands: Any) -> None:
     run.add_argument("targets", nargs="+", metavar="MODULE:ATTR", help="services to run")
     run.add_argument(
         "--shutdown-timeout",
-        type=_seconds,
+        type=seconds,
         default=30.0,
         metavar="SECONDS",
         help="how long calls in progress get to finish on a graceful stop (default: %(default)s)",

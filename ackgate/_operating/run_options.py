@@ -9,10 +9,11 @@ import argparse
 import asyncio
 import logging
 import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ackgate._operating.args import int_at_least
+from ackgate._operating.args import BadTarget, int_at_least, port
 from ackgate._operating.health import HealthServer, loop_probes
 from ackgate._operating.worker_processes import (
     INDEX_ENV,
@@ -40,24 +41,15 @@ logger = logging.getLogger("ackgate.run")
 WORKER_INDEX_ENV = INDEX_ENV
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"a port is 0..65535, got {value}")
-    return value
-
-
 def add_operability_options(run: Any) -> None:
     """Add ``--health-port``, ``--health-host``, ``--metrics-port`` and ``--workers``."""
     run.add_argument(
         "--health-port",
-        type=_port,
+        type=port,
         metavar="PORT",
-        help="serve GET /livez (the event loop answers within 1s) and GET /readyz (every "
-        "service has a live group, not paused, its broker connected) on this port",
+        help="serve GET /livez (the event loop answers within 1s), GET /readyz (every "
+        "service has a live group, not paused, its broker connected), GET /status.json "
+        "and a status page at / on this port",
     )
     run.add_argument(
         "--health-host",
@@ -67,7 +59,7 @@ def add_operability_options(run: Any) -> None:
     )
     run.add_argument(
         "--metrics-port",
-        type=_port,
+        type=port,
         metavar="PORT",
         help="serve the OpenTelemetry metrics in Prometheus text format on this port "
         "(needs the otel extra: pip install 'ackgate[otel]'); with --workers N, "
@@ -89,8 +81,6 @@ def prepare_operability(opts: argparse.Namespace) -> None:
     what to install when the otel extra is missing."""
     if opts.metrics_port is None:
         return
-    from ackgate._operating.run_command import BadTarget
-
     try:
         from opentelemetry import metrics
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -105,7 +95,13 @@ def prepare_operability(opts: argparse.Namespace) -> None:
         server, _thread = start_http_server(opts.metrics_port, addr=opts.health_host)
     except OSError as error:
         raise BadTarget(f"--metrics-port {opts.metrics_port}: {error.strerror}") from None
-    metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
+    # Without the otel_scope_* labels on every series: ackgate is the only scope. An
+    # exporter older than the option (opentelemetry-python #5123) keeps its labels.
+    try:
+        reader = PrometheusMetricReader(scope_info_enabled=False)
+    except TypeError:
+        reader = PrometheusMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
     logger.info("metrics in Prometheus text format on port %d", server.server_port)
 
 
@@ -117,22 +113,23 @@ def start_health(
     """Serve ``--health-port`` for ``services`` on ``loop``; return what stops it."""
     if opts is None or getattr(opts, "health_port", None) is None:
         return lambda: None
-    livez, readyz = loop_probes(loop, services)
     # A worker's own server is for its parent only: loopback, whatever --health-host says.
     host = "127.0.0.1" if os.environ.get(REPORT_FD_ENV) else opts.health_host
     try:
-        server = HealthServer(host, opts.health_port, livez, readyz)
+        server = HealthServer(host, opts.health_port, loop_probes(loop, services))
     except OSError as error:
-        from ackgate._operating.run_command import BadTarget
-
         raise BadTarget(f"--health-port {opts.health_port}: {error.strerror}") from None
     report_health_port(server.port)  # a worker tells its parent where to ask
-    logger.info("health endpoints /livez and /readyz on port %d", server.port)
+    logger.info(
+        "health endpoints /livez, /readyz, /status.json and the status page / on port %d",
+        server.port,
+    )
     return server.close
 
 
 def run_workers(opts: argparse.Namespace) -> int:
-    """``--workers N`` (N > 1): the parent; the exit status."""
+    """``--workers N`` (N > 1): the parent; the exit status (2, after one line on
+    stderr, when the health port cannot be bound)."""
     argv = list(getattr(opts, "argv", ()))
     after_run = argv[argv.index("run") + 1 :] if "run" in argv else list(opts.targets)
     workers = Workers(
@@ -141,4 +138,8 @@ def run_workers(opts: argparse.Namespace) -> int:
         opts.metrics_port,
         health=opts.health_port is not None,
     )
-    return asyncio.run(workers.run(opts.health_host, opts.health_port))
+    try:
+        return asyncio.run(workers.run(opts.health_host, opts.health_port))
+    except OSError as error:  # only the health server's bind raises it before the workers
+        print(f"ackgate run: --health-port {opts.health_port}: {error.strerror}", file=sys.stderr)
+        return 2

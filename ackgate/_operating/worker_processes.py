@@ -9,7 +9,8 @@ two). Then:
 
 - **Signals.** SIGTERM or SIGINT is forwarded to every worker, which stops
   gracefully (``--shutdown-timeout``); a second one is forwarded too (they stop at
-  once). The parent returns when every worker has exited: 0 when all exited 0.
+  once). The parent returns when every worker has exited: 0 when all exited 0 (a
+  worker that was dead, waiting for its restart, counts as stopped: 0).
 - **A worker that dies** (any exit while the parent is not stopping) is logged at
   WARNING and started again after a backoff: 1 s, doubling per consecutive death up
   to 30 s, back to 1 s once a worker lived a minute. A worker exiting 2 (a bad
@@ -18,8 +19,12 @@ two). Then:
 - **Health.** With ``--health-port``, each worker serves its own ``/livez`` and
   ``/readyz`` on a free loopback port and writes that port to a pipe the parent
   gave it (:data:`REPORT_FD_ENV`); the parent serves the port asked for and asks
-  every worker. ``/livez`` is 503 when a running worker's loop does not answer;
-  ``/readyz`` is 503 unless every worker is up and ready. Bodies name the worker.
+  every worker. ``/livez`` is 503 when a running worker's loop does not answer or a
+  worker is dead (waiting for its restart); ``/readyz`` is 503 unless every worker is
+  up and ready; ``/status.json`` (and the status page ``/``) has every worker's
+  services. Bodies name the worker.
+- **A health port already in use** is ``OSError`` from :meth:`Workers.run` before any
+  worker starts (``ackgate run`` prints one line and exits 2).
 - **Metrics.** ``--metrics-port P``: worker ``i`` (from 0) serves on ``P + i``.
 - A worker whose parent disappears (killed with SIGKILL) stops gracefully by itself.
 """
@@ -27,15 +32,12 @@ two). Then:
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import logging
 import os
 import signal
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -54,6 +56,8 @@ FIRST_BACKOFF = 1.0
 MAX_BACKOFF = 30.0
 #: A worker that lived this long resets the backoff of the next death.
 HEALTHY_LIFE = 60.0
+#: Seconds the parent waits for a worker's health server to answer.
+ASK_TIMEOUT = 2.0
 
 
 class _Worker:
@@ -69,6 +73,18 @@ class _Worker:
     def describe(self) -> dict[str, Any]:
         pid = None if self.process is None else self.process.pid
         return {"worker": self.index, "pid": pid, "restarts": self.restarts}
+
+    def starting(self) -> bool:
+        """Its process runs but has not reported its health port yet."""
+        return self.process is not None and self.process.returncode is None
+
+    def why_down(self) -> str:
+        """Why this worker has no health server to ask, for a probe's body."""
+        if self.process is None:
+            return "worker not started yet"
+        if self.process.returncode is None:
+            return "worker starting (no health port reported yet)"
+        return f"worker dead (exited with status {self.process.returncode}); restarting"
 
 
 class Workers:
@@ -89,17 +105,18 @@ class Workers:
         """Run the workers until a signal stops them; the exit status."""
         loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, self._on_signal, signum)
         server = None
         if health_port is not None:
-            livez, readyz = self.probes()
-            server = HealthServer(health_host or "0.0.0.0", health_port, livez, readyz)
+            # OSError (the port is taken) before any worker started: the caller's one line.
+            server = HealthServer(health_host or "0.0.0.0", health_port, self.probes())
             logger.info(
-                "health endpoints /livez and /readyz of %d workers on port %d",
+                "health endpoints /livez, /readyz, /status.json and the status page / of "
+                "%d workers on port %d",
                 len(self.workers),
                 server.port,
             )
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._on_signal, signum)
         try:
             codes = await asyncio.gather(*(self._keep(worker) for worker in self.workers))
         finally:
@@ -136,7 +153,9 @@ class Workers:
             started = time.monotonic()
             code = await self._life(worker)
             if self._stopping.is_set():
-                return code
+                # Killed by the very signal forwarded to stop it (it came before the
+                # worker set up its handlers, while it was starting): stopped, not failed.
+                return 0 if code in (-signal.SIGTERM, -signal.SIGINT) else code
             if code == 2:
                 logger.error(
                     "worker %d exited 2 (a bad target or option): stopping every worker",
@@ -158,7 +177,9 @@ class Workers:
             try:
                 async with asyncio.timeout(backoff):
                     await self._stopping.wait()
-                return code
+                # Stopped while dead: nothing to stop, and its death was logged and
+                # restarted from already; a graceful stop is 0 (the exit code table).
+                return 0
             except TimeoutError:
                 pass
             backoff = min(backoff * 2, MAX_BACKOFF)
@@ -198,45 +219,60 @@ class Workers:
                 await reported  # EOF at the latest when the process exited
             worker.health_port = None  # after the report's callback, which may set it
 
-    def probes(self) -> tuple[Probe, Probe]:
-        """``(livez, readyz)`` of the parent: every worker asked at once (a blocked
-        worker takes a second to say so; the others are not made to wait behind it)."""
+    def probes(self) -> dict[str, Probe]:
+        """``/livez``, ``/readyz`` and ``/status.json`` of the parent: every worker asked
+        at once (a blocked worker takes a second to say so; the others are not made to
+        wait behind it)."""
 
-        def ask(path: str) -> list[tuple[_Worker, int | None, dict[str, Any]]]:
+        async def ask(path: str) -> list[tuple[_Worker, int | None, dict[str, Any]]]:
             ports = [(worker, worker.health_port) for worker in self.workers]
-            with concurrent.futures.ThreadPoolExecutor(len(ports)) as pool:
-                answers = list(
-                    pool.map(lambda wp: (503, {}) if wp[1] is None else _get(wp[1], path), ports)
-                )
+            answers = await asyncio.gather(
+                *(_get(port, path) for _, port in ports if port is not None)
+            )
+            replies = iter(answers)
             return [
-                (worker, None if port is None else code, body)
-                for (worker, port), (code, body) in zip(ports, answers, strict=True)
+                (worker, None, {}) if port is None else (worker, *next(replies))
+                for worker, port in ports
             ]
 
-        def livez() -> tuple[bool, dict[str, Any]]:
-            failing = [
-                dict(worker.describe(), **body)
-                for worker, code, body in ask("/livez")
-                # None: starting or restarting; the parent keeps it alive meanwhile.
-                if code is not None and code != 200
-            ]
+        async def livez() -> tuple[bool, dict[str, Any]]:
+            failing = []
+            for worker, code, body in await ask("/livez"):
+                if code is None:
+                    if worker.starting():
+                        continue  # not up yet; the parent keeps it alive meanwhile
+                    failing.append(dict(worker.describe(), reason=worker.why_down()))
+                elif code != 200:
+                    failing.append(dict(worker.describe(), **body))
             if failing:
                 return False, {"status": "unavailable", "workers": failing}
             return True, {"status": "ok", "workers": len(self.workers)}
 
-        def readyz() -> tuple[bool, dict[str, Any]]:
+        async def readyz() -> tuple[bool, dict[str, Any]]:
             not_ready = [
                 dict(worker.describe(), **body)
                 if code is not None
-                else dict(worker.describe(), reason="worker not running")
-                for worker, code, body in ask("/readyz")
+                else dict(worker.describe(), reason=worker.why_down())
+                for worker, code, body in await ask("/readyz")
                 if code != 200
             ]
             if not_ready:
                 return False, {"status": "unavailable", "workers": not_ready}
             return True, {"status": "ok", "workers": len(self.workers)}
 
-        return livez, readyz
+        async def status() -> tuple[bool, dict[str, Any]]:
+            workers = []
+            for worker, code, body in await ask("/status.json"):
+                entry = dict(worker.describe(), status="unavailable")
+                if code is None:
+                    entry["reason"] = worker.why_down()
+                else:
+                    entry.update(body)
+                workers.append(entry)
+            ok = all(entry["status"] == "ok" for entry in workers)
+            return ok, {"status": "ok" if ok else "unavailable", "workers": workers}
+
+        return {"/livez": livez, "/readyz": readyz, "/status.json": status}
 
 
 def _read_port(fd: int) -> int | None:
@@ -246,18 +282,24 @@ def _read_port(fd: int) -> int | None:
     return int(line) if line.isdigit() else None
 
 
-def _get(port: int, path: str) -> tuple[int, dict[str, Any]]:
-    """A worker's answer on ``path``: ``(status, JSON body)``; 503 when it does not answer."""
+async def _get(port: int, path: str) -> tuple[int, dict[str, Any]]:
+    """A worker's answer on ``path``: ``(status, JSON body)``; 503 when it does not
+    answer within :data:`ASK_TIMEOUT` seconds."""
+    writer = None
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2.0) as reply:
-            return reply.status, json.loads(reply.read())
-    except urllib.error.HTTPError as error:
-        try:
-            return error.code, json.loads(error.read())
-        except ValueError:
-            return error.code, {"reason": f"HTTP {error.code}"}
-    except (OSError, ValueError) as error:
-        return 503, {"status": "unavailable", "reason": f"worker did not answer: {error}"}
+        async with asyncio.timeout(ASK_TIMEOUT):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+            reply = await reader.read()  # the worker's server closes after its answer
+        head, _, body = reply.partition(b"\r\n\r\n")
+        code = int(head.split(b" ", 2)[1])
+        return code, json.loads(body)
+    except (OSError, TimeoutError, ValueError, IndexError) as error:
+        reason = f"worker did not answer: {type(error).__name__}: {error}".rstrip(": ")
+        return 503, {"status": "unavailable", "reason": reason}
+    finally:
+        if writer is not None:
+            writer.close()
 
 
 def worker_command(argv: Sequence[str]) -> list[str]:

@@ -4,7 +4,7 @@
 :class:`MessageProducer` wraps the user's producer. Its stream yields
 ``(producer.to_message(raw, payload), payload)``, so every handler receives the same
 ``Message`` object, and everything else is the inner producer's: ``advance``,
-``get_advance_lane``, ``get_event_id``, ``aclose`` and the connection reports
+``get_advance_lane``, ``get_event_id``, ``broker_lag``, ``aclose`` and the connection reports
 (``upstream_lost`` / ``upstream_back``) are the inner producer's (``advance``
 counted once it returned). :class:`BatchMessageProducer` does the same for a
 producer that yields :class:`~ackgate.EventBatch` es, one ``to_messages`` call per
@@ -27,8 +27,9 @@ from typing import Any
 
 from ackgate._contract.message import Message
 from ackgate._contract.outcome import AdvanceItem, AdvanceRun, EventBatch
-from ackgate._contract.producer import SharedStreamProducer
+from ackgate._contract.producer import SharedStreamProducer, overrides
 from ackgate._contract.progress import SubscriberProgress
+from ackgate._contract.stats import BrokerLag
 from ackgate._contract.upstream import Upstream
 
 
@@ -77,6 +78,9 @@ class MessageProducer(SharedStreamProducer):
 
     def get_event_id(self, broker_payload: Any) -> Hashable | None:
         return self._inner.get_event_id(broker_payload)
+
+    def broker_lag(self) -> BrokerLag | None:
+        return self._inner.broker_lag()
 
     def _watch_upstream(self, upstream: Upstream | None) -> None:
         # The inner producer is the one that reports its connection.
@@ -201,7 +205,7 @@ class Converting:
         observe = self._observe if handlers else None
         wrapper = (
             BatchMessageProducer(inner, self, observe)
-            if type(inner).open_stream_batches is not SharedStreamProducer.open_stream_batches
+            if overrides(inner, "open_stream_batches")
             else MessageProducer(inner, self, observe)
         )
         if self._made is not None:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ackgate._contract.checks import check_int, check_number
+from ackgate._contract.stats import GroupStats
 from ackgate._core.subscription import Subscription
 from ackgate._service.retry import Retry
 
@@ -68,24 +69,15 @@ def check_spec(
             f"handler {handler_id!r} must be an async def function (a coroutine function), "
             f"got {function!r}"
         )
-    concurrency = _positive_int(f"handler {handler_id!r}: concurrency", concurrency)
+    concurrency = check_int(f"handler {handler_id!r}: concurrency", concurrency, minimum=1)
     if ordering not in ORDERINGS:
         raise ValueError(
             f'handler {handler_id!r}: ordering must be "lane", "key" or "none", got {ordering!r}'
         )
     if not isinstance(retry, Retry):
         raise TypeError(f"handler {handler_id!r}: retry must be a Retry, got {retry!r}")
-    batch_size = _positive_int(f"handler {handler_id!r}: batch_size", batch_size)
-    if (
-        isinstance(batch_wait, bool)
-        or not isinstance(batch_wait, int | float)
-        or not math.isfinite(batch_wait)
-        or batch_wait < 0
-    ):
-        raise ValueError(
-            f"handler {handler_id!r}: batch_wait must be a finite number of seconds >= 0, "
-            f"got {batch_wait!r}"
-        )
+    batch_size = check_int(f"handler {handler_id!r}: batch_size", batch_size, minimum=1)
+    batch_wait = check_number(f"handler {handler_id!r}: batch_wait", batch_wait, minimum=0)
     if batch_size == 1 and batch_wait:
         raise ValueError(
             f"handler {handler_id!r}: batch_wait applies to batch handlers only (batch_size > 1)"
@@ -96,7 +88,9 @@ def check_spec(
             f'kept in stream order: pass ordering="none", or concurrency=1'
         )
     if give_up_after is not None:
-        give_up_after = _positive_int(f"handler {handler_id!r}: give_up_after", give_up_after)
+        give_up_after = check_int(
+            f"handler {handler_id!r}: give_up_after", give_up_after, minimum=1
+        )
     _check_takes_one_argument(handler_id, function, batched=batch_size > 1)
     assert callable(function)
     return HandlerSpec(
@@ -106,7 +100,7 @@ def check_spec(
         ordering=ordering,
         retry=retry,
         batch_size=batch_size,
-        batch_wait=float(batch_wait),
+        batch_wait=batch_wait,
         give_up_after=give_up_after,
     )
 
@@ -148,14 +142,6 @@ def _name(function: object) -> str:
     return getattr(function, "__qualname__", None) or type(function).__qualname__
 
 
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return value
-
-
 @dataclass(frozen=True, slots=True)
 class HandlerStats:
     """What one handler of a service has done since ``run()`` started (messages, not calls).
@@ -177,6 +163,9 @@ class HandlerStats:
         in_progress: Messages in a handler call right now (retry backoffs included).
         redeliveries_skipped: Redelivered copies this handler was not handed
             because it had acked an earlier copy (docs/concepts.md#redelivery-memory).
+        behind: Messages read from the broker that this handler has not finished
+            yet (queued for it, or in its calls): how far it is behind what was
+            fetched. 0 while no group is live.
     """
 
     id: str
@@ -187,6 +176,29 @@ class HandlerStats:
     in_progress: int
     redeliveries_skipped: int = 0
     gave_up: int = 0
+    behind: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OldestMessage:
+    """The oldest message a service read and has not advanced past (committed,
+    deleted, acked, completed), and who holds it.
+
+    Attributes:
+        lane: Its lane (a Kafka partition, an SQS FIFO group...).
+        key: Its :attr:`Message.key` (``None`` when it has none).
+        id: Its :attr:`Message.id`.
+        handlers: The handlers that have not finished it, in registration order;
+            ``()`` when every one did and only the advance (of it or of an earlier
+            message of its lane) is pending.
+        age: Seconds since it was read.
+    """
+
+    lane: Hashable
+    key: Hashable
+    id: str
+    handlers: tuple[str, ...]
+    age: float
 
 
 class HandlerCounters:
@@ -226,7 +238,7 @@ class HandlerCounters:
             self.skipped_in_ended_groups += last.redeliveries_skipped
         self.live = subscription
 
-    def snapshot(self, handler_id: str) -> HandlerStats:
+    def snapshot(self, handler_id: str, behind: int = 0) -> HandlerStats:
         return HandlerStats(
             id=handler_id,
             handled=self.handled,
@@ -237,4 +249,28 @@ class HandlerCounters:
             redeliveries_skipped=self.skipped_in_ended_groups
             + (self.live.redeliveries_skipped if self.live is not None else 0),
             gave_up=self.gave_up,
+            behind=behind,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceStats:
+    """A snapshot of a service, as returned by :meth:`Service.stats`.
+
+    Attributes:
+        key: The service's key.
+        state: ``"new"`` (before ``run()``), ``"running"`` or ``"stopped"``.
+        group: The group's statistics; ``None`` while no group is live (before
+            ``run()``, during a restart backoff, after the stop).
+        handlers: Per handler id, in registration order.
+        restarts: Times the group was restarted after it ended.
+        oldest: The oldest message read and not advanced yet, named; ``None`` when
+            none (or no group is live). It does not make the service unready.
+    """
+
+    key: Hashable
+    state: Literal["new", "running", "stopped"]
+    group: GroupStats | None
+    handlers: Mapping[str, HandlerStats]
+    restarts: int
+    oldest: OldestMessage | None = None

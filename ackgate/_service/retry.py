@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
+
+from ackgate._contract.checks import check_int, check_number
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,21 +23,9 @@ class Retry:
     max_backoff: float = 5.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int):
-            raise ValueError(f"Retry.attempts must be an int, got {self.attempts!r}")
-        if self.attempts < 1:
-            raise ValueError(
-                f"Retry.attempts must be >= 1 (it counts the first call), got {self.attempts}"
-            )
+        check_int("Retry.attempts (it counts the first call)", self.attempts, minimum=1)
         for name in ("backoff", "max_backoff"):
-            value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not math.isfinite(value)
-                or value < 0
-            ):
-                raise ValueError(f"Retry.{name} must be a finite number >= 0, got {value!r}")
+            check_number(f"Retry.{name}", getattr(self, name), minimum=0)
         if self.max_backoff < self.backoff:
             raise ValueError(
                 f"Retry.max_backoff ({self.max_backoff!r}) must be >= "

@@ -18,23 +18,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable
 from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
+from ackgate._contract.checks import check_int, check_number
 from ackgate._contract.errors import StreamTerminated
+from ackgate._contract.message import Message
 from ackgate._contract.producer import SharedStreamProducer
-from ackgate._contract.stats import GroupStats
+from ackgate._contract.stats import OldestOutstanding
 from ackgate._core.manager import SharedStreamManager
 from ackgate._service.convert import Converting, DeadLetterMissing, MessageProducer
 from ackgate._service.feed import DEFAULT_STOP_TIMEOUT, HandlerWorker
 from ackgate._service.handlers import (
     HandlerCounters,
     HandlerSpec,
-    HandlerStats,
+    OldestMessage,
     Ordering,
+    ServiceStats,
     check_spec,
 )
 from ackgate._service.retry import Retry
@@ -44,26 +45,6 @@ from ackgate._service.unresolved import UnresolvedCalls
 logger = logging.getLogger("ackgate.service")
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceStats:
-    """A snapshot of a service, as returned by :meth:`Service.stats`.
-
-    Attributes:
-        key: The service's key.
-        state: ``"new"`` (before ``run()``), ``"running"`` or ``"stopped"``.
-        group: The group's statistics; ``None`` while no group is live (before
-            ``run()``, during a restart backoff, after the stop).
-        handlers: Per handler id, in registration order.
-        restarts: Times the group was restarted after it ended.
-    """
-
-    key: Hashable
-    state: Literal["new", "running", "stopped"]
-    group: GroupStats | None
-    handlers: Mapping[str, HandlerStats]
-    restarts: int
 
 
 class Service:
@@ -126,13 +107,7 @@ class Service:
             ("restart_backoff", restart_backoff),
             ("max_restart_backoff", max_restart_backoff),
         ):
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not math.isfinite(value)
-                or value < 0
-            ):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+            check_number(name, value, minimum=0)
         if max_restart_backoff < restart_backoff:
             raise ValueError(
                 f"max_restart_backoff ({max_restart_backoff!r}) must be >= "
@@ -479,8 +454,7 @@ class Service:
 
         Cancellation stops the waiting only: the stop goes on.
         """
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
-            raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
+        check_number("timeout", timeout, minimum=0, finite=False)
         self._request_stop(timeout)
         if self._finished is not None:
             await asyncio.shield(self._finished)
@@ -499,17 +473,38 @@ class Service:
     def stats(self) -> ServiceStats:
         """The group's :class:`GroupStats` (if live) and per-handler counts. Cheap."""
         group = next((g for g in self._manager.stats() if g.key == self.key), None)
+        behind = {} if group is None else group.behind
         return ServiceStats(
             key=self.key,
             state=self._state,
             group=group,
             handlers=MappingProxyType(
-                {hid: counters.snapshot(hid) for hid, counters in self._counters.items()}
+                {
+                    hid: counters.snapshot(hid, behind.get(hid, 0))
+                    for hid, counters in self._counters.items()
+                }
             ),
             restarts=self._restarts,
+            oldest=None if group is None else _named(group.oldest),
         )
 
 
+def _named(oldest: OldestOutstanding | None) -> OldestMessage | None:
+    """The group's oldest event as a message (a service's events are its messages)."""
+    if oldest is None:
+        return None
+    message = oldest.raw_event
+    if not isinstance(message, Message):  # pragma: no cover - a service converts each event
+        return None
+    return OldestMessage(
+        lane=oldest.lane,
+        key=message.key,
+        id=message.id,
+        handlers=tuple(str(holder) for holder in oldest.holders),
+        age=oldest.age,
+    )
+
+
 def _check_restart_limit(limit: object) -> None:
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise ValueError(f"restart_limit must be None (no limit) or an integer >= 0, got {limit!r}")
+    if limit is not None:
+        check_int("restart_limit", limit, minimum=0)

@@ -10,15 +10,20 @@ What is recorded (names follow OpenTelemetry's messaging semantic conventions wh
 one exists, ``ackgate.*`` otherwise; every point carries ``ackgate.service``):
 
 - per handler (``ackgate.handler``): ``ackgate.handler.messages`` (counter, by
-  ``ackgate.outcome``: handled, rejected, failed, gave_up), ``ackgate.handler.in_progress``
-  and ``messaging.process.duration`` (histogram of each call, in seconds, with
+  ``ackgate.outcome``: handled, rejected, failed, gave_up), ``ackgate.handler.in_progress``,
+  ``ackgate.handler.behind`` (read and not finished by it) and
+  ``messaging.process.duration`` (histogram of each call, in seconds, with
   ``error.type`` when it raised);
 - per service group: ``ackgate.group.outstanding``, ``ackgate.group.oldest_outstanding_age``,
   ``ackgate.group.paused``, ``ackgate.group.upstream_connected``, ``ackgate.group.live``
   (gauges), ``ackgate.group.redeliveries_skipped``, ``ackgate.group.progress_overflows``,
   ``ackgate.group.advances``,
   ``ackgate.group.advanced_messages`` and ``ackgate.service.restarts`` (counters),
-  ``ackgate.group.advance.duration`` (histogram).
+  ``ackgate.group.advance.duration`` (histogram);
+- lag: ``ackgate.group.lag`` per ``ackgate.lane`` and ``ackgate.group.broker_messages``
+  by ``ackgate.state`` (what the producer measures, ``SharedStreamProducer.broker_lag``),
+  and ``ackgate.group.oldest_message_age``, whose labels name the oldest message not
+  advanced (lane, key, id, the handlers holding it).
 
 Counts are read from the service's own counters when a reader collects (observable
 instruments), so the hot path only pays for the call histogram and the span.
@@ -39,9 +44,9 @@ import concurrent.futures
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterator, Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ackgate._contract.message import Message, Reject
 
@@ -49,22 +54,19 @@ if TYPE_CHECKING:
     from ackgate._contract.producer import SharedStreamProducer
     from ackgate._service.calls import Job
     from ackgate._service.convert import MessageProducer
-    from ackgate._service.handlers import HandlerSpec
-    from ackgate._service.service import Service, ServiceStats
+    from ackgate._service.handlers import HandlerSpec, OldestMessage, ServiceStats
 
 SCOPE = "ackgate"
 
-#: ``messaging.system`` per adapter (the package its producer class is defined in).
-_SYSTEMS = {
-    "ackgate_kafka": "kafka",
-    "ackgate_sqs": "aws_sqs",
-    "ackgate_pubsub": "gcp_pubsub",
-    "ackgate_servicebus": "servicebus",
-    "ackgate.adapters.memory": "ackgate_memory",
-}
 
-#: Where each adapter keeps the name of what it reads (Kafka's is on each record).
-_DESTINATION_ATTRIBUTES = ("_queue_url", "_subscription", "_entity", "_topic")
+class Observed(Protocol):
+    """What the instruments read of a running :class:`~ackgate.Service`: its key and its
+    statistics (the service hands itself over; this layer's module does not import it)."""
+
+    @property
+    def key(self) -> Hashable: ...
+
+    def stats(self) -> ServiceStats: ...
 
 
 def sdk_configured() -> tuple[bool, bool]:
@@ -81,7 +83,7 @@ def sdk_configured() -> tuple[bool, bool]:
     )
 
 
-def for_service(service: Service) -> ServiceTelemetry | None:
+def for_service(service: Observed) -> ServiceTelemetry | None:
     """The service's instrumentation, or ``None`` when no SDK is configured."""
     metered, traced = sdk_configured()
     if not (metered or traced):
@@ -97,7 +99,7 @@ def for_service(service: Service) -> ServiceTelemetry | None:
 class ServiceTelemetry:
     """One running service's spans and call/advance histograms."""
 
-    def __init__(self, service: Service, instruments: _Instruments | None, traced: bool) -> None:
+    def __init__(self, service: Observed, instruments: _Instruments | None, traced: bool) -> None:
         from opentelemetry import context, propagate, trace
 
         self._instruments = instruments
@@ -116,24 +118,8 @@ class ServiceTelemetry:
 
     def producer_made(self, wrapper: MessageProducer, inner: SharedStreamProducer) -> None:
         """Caller: the service's producer factory, once per group life."""
-        # The first class up the MRO from a known adapter (a user may subclass one).
-        self.system = next(
-            (
-                system
-                for cls in type(inner).__mro__
-                for package, system in _SYSTEMS.items()
-                if cls.__module__ == package or cls.__module__.startswith(package + ".")
-            ),
-            "unknown",
-        )
-        self.destination = next(
-            (
-                str(value)
-                for name in _DESTINATION_ATTRIBUTES
-                if isinstance(value := getattr(inner, name, None), str)
-            ),
-            None,
-        )
+        self.system = inner.messaging_system or "unknown"
+        self.destination = inner.destination_name()
         if self._instruments is not None:
             wrapper.observe_advance = self._observe_advance
 
@@ -266,11 +252,11 @@ class _Instruments:
         meter = metrics.get_meter(SCOPE)
         #: Running services the observable instruments report on (gone when collected),
         #: and the loop each runs on: their statistics are read there.
-        self.services: weakref.WeakKeyDictionary[Service, asyncio.AbstractEventLoop] = (
+        self.services: weakref.WeakKeyDictionary[Observed, asyncio.AbstractEventLoop] = (
             weakref.WeakKeyDictionary()
         )
         #: ``(monotonic time, snapshot)``: one collection's callbacks share one snapshot.
-        self._snapshot: tuple[float, list[tuple[Service, ServiceStats]]] = (-1.0, [])
+        self._snapshot: tuple[float, list[tuple[Observed, ServiceStats]]] = (-1.0, [])
         self.duration = meter.create_histogram(
             "messaging.process.duration",
             unit="s",
@@ -303,6 +289,34 @@ class _Instruments:
             [lambda _options: observations("in_progress")],
             unit="{message}",
             description="Messages in a handler call right now (retry backoffs included).",
+        )
+        meter.create_observable_gauge(
+            "ackgate.handler.behind",
+            [lambda _options: observations("behind")],
+            unit="{message}",
+            description="Messages read from the broker that the handler has not finished.",
+        )
+        meter.create_observable_gauge(
+            "ackgate.group.lag",
+            [lambda _options: observations("lag")],
+            unit="{message}",
+            description="Per lane (ackgate.lane): the broker's end offset minus the committed "
+            "one, as the producer last measured it.",
+        )
+        meter.create_observable_gauge(
+            "ackgate.group.broker_messages",
+            [lambda _options: observations("broker_messages")],
+            unit="{message}",
+            description="Messages in the broker's queue by ackgate.state: waiting (not handed "
+            "out yet) or in_flight (handed out, not advanced), as the producer last measured.",
+        )
+        meter.create_observable_gauge(
+            "ackgate.group.oldest_message_age",
+            [lambda _options: observations("oldest_message")],
+            unit="s",
+            description="Age of the oldest message read and not advanced, named by its labels: "
+            "ackgate.lane, ackgate.message.key, messaging.message.id and ackgate.handlers "
+            "(the handlers holding it, comma-separated).",
         )
         meter.create_observable_counter(
             "ackgate.group.redeliveries_skipped",
@@ -346,7 +360,7 @@ class _Instruments:
     def _gauge(self, name: str, _options: Any) -> Iterator[Any]:
         return self._observations(name)
 
-    def _stats(self) -> list[tuple[Service, ServiceStats]]:
+    def _stats(self) -> list[tuple[Observed, ServiceStats]]:
         """Every service's statistics, read on its own loop (a reader may collect from
         another thread, e.g. the Prometheus exporter's HTTP server). A loop that does
         not answer within a second is left out of this collection."""
@@ -395,6 +409,27 @@ class _Instruments:
                     yield Observation(
                         handler.in_progress, dict(attributes, **{"ackgate.handler": handler.id})
                     )
+            elif what == "behind":
+                for handler in stats.handlers.values():
+                    yield Observation(
+                        handler.behind, dict(attributes, **{"ackgate.handler": handler.id})
+                    )
+            elif what == "oldest_message":
+                oldest = stats.oldest
+                if oldest is not None:
+                    yield Observation(oldest.age, dict(attributes, **_named_labels(oldest)))
+            elif what in ("lag", "broker_messages"):
+                lag = None if group is None else group.broker_lag
+                if lag is None:
+                    continue
+                if what == "lag":
+                    for lane, lane_lag in lag.lanes.items():
+                        lane_label = {"ackgate.lane": _label(lane)}
+                        yield Observation(lane_lag, dict(attributes, **lane_label))
+                    continue
+                for state, count in (("waiting", lag.waiting), ("in_flight", lag.in_flight)):
+                    if count is not None:
+                        yield Observation(count, dict(attributes, **{"ackgate.state": state}))
             elif what == "skipped":
                 yield Observation(
                     sum(h.redeliveries_skipped for h in stats.handlers.values()), attributes
@@ -410,6 +445,28 @@ class _Instruments:
                 yield Observation(value, attributes)
 
 
+#: Characters of a key kept in a label (a key can be a whole document).
+_LABEL_LIMIT = 64
+
+
+def _label(value: Any) -> str:
+    """A lane or key as a metric label: a str as it is, bytes decoded, else repr; cut."""
+    if isinstance(value, bytes):
+        text = value.decode("utf-8", "backslashreplace")
+    else:
+        text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= _LABEL_LIMIT else text[: _LABEL_LIMIT - 1] + "…"
+
+
+def _named_labels(oldest: OldestMessage) -> dict[str, str]:
+    return {
+        "ackgate.lane": _label(oldest.lane),
+        "ackgate.message.key": "" if oldest.key is None else _label(oldest.key),
+        "messaging.message.id": oldest.id,
+        "ackgate.handlers": ",".join(oldest.handlers),
+    }
+
+
 #: The instruments and the meter provider they were made with: made again only if
 #: the global provider was replaced (tests do; a service sets it up once).
 _made: tuple[object, _Instruments] | None = None
@@ -418,7 +475,7 @@ _made: tuple[object, _Instruments] | None = None
 _SNAPSHOT_LIFE = 0.25
 
 
-async def _stats_of(service: Service) -> ServiceStats:
+async def _stats_of(service: Observed) -> ServiceStats:
     return service.stats()
 
 

@@ -278,6 +278,8 @@ class MemoryStreamProducer(SharedStreamProducer):
     group and topic at a time, as one ackgate group reads it.
     """
 
+    messaging_system = "ackgate_memory"
+
     def __init__(self, broker: MemoryBroker, topic: str, group: str) -> None:
         self._broker = broker
         self._topic = topic
@@ -380,6 +382,10 @@ class MemoryStreamProducer(SharedStreamProducer):
             attempt=self._attempts.get((position.partition, position.offset), 1),
             raw=record,
         )
+
+    def destination_name(self) -> str:
+        """What it reads, for spans' ``messaging.destination.name``."""
+        return self._topic
 
     def dead_letter_destination(self) -> str:
         """``"memory topic <topic>.dlq"``: every rejected record is copied there."""

@@ -22,6 +22,7 @@ from ackgate import (
     SharedStreamProducer,
     Subscription,
 )
+from ackgate._contract.producer import overrides
 
 LANES = ("a", "b", "c")
 """The harness's lane names: a Kafka/memory partition, an SQS message group, a
@@ -96,7 +97,7 @@ class BrokerHarness(ABC):
 def advance_path(producer: SharedStreamProducer) -> str:
     """``"advance_runs"`` when a group advances ``producer`` by runs (its class overrides
     ``advance_runs``), else ``"advance"``."""
-    if type(producer).advance_runs is not SharedStreamProducer.advance_runs:
+    if overrides(producer, "advance_runs"):
         return "advance_runs"
     return "advance"
 
@@ -255,7 +256,7 @@ def recording(
 ) -> RecordingProducer:
     """The recording wrapper for ``inner``, reading and advancing it the way a group
     would; ``log.path`` says which advance method that is."""
-    batches = type(inner).open_stream_batches is not SharedStreamProducer.open_stream_batches
+    batches = overrides(inner, "open_stream_batches")
     log.path = harness.advanced_by = advance_path(inner)
     return _WRAPPERS[batches, log.path == "advance_runs"](inner, harness, log)
 
@@ -275,7 +276,7 @@ may call ``reject_shared_stream_event()`` or raise :class:`Crash`."""
 
 
 @dataclass
-class Run:
+class Observation:
     """What one check observed: bodies handed to each subscriber, and the advances
     (``log.handled``: what each finished handling)."""
 
@@ -306,7 +307,7 @@ async def run_group(
 
     A subscriber whose ``on_event`` raises :class:`Crash` leaves the group with the
     exception (its open event is failed) and subscribes again. ``handling`` seconds of
-    work follow each event, after which the body counts as handled (:attr:`Run.handled`).
+    work follow each event, after which the body counts as handled (:attr:`Observation.log`).
     """
 
     def make() -> SharedStreamProducer:
@@ -348,7 +349,7 @@ async def run_once(
     messages: Sequence[tuple[str, str]],
     done: Callable[[AdvanceLog], bool],
     on_event: OnEvent | None = None,
-) -> Run:
+) -> Observation:
     """Publish, run one group until ``done(log)`` holds and the broker is fully advanced,
     and check the broker holds nothing more."""
     async with asyncio.timeout(harness.timeout):
@@ -358,4 +359,4 @@ async def run_once(
         assert await harness.unadvanced() == 0
     assert not log.unearned, log.unearned
     log.check_path()
-    return Run(seen, log)
+    return Observation(seen, log)

@@ -137,7 +137,7 @@ def test_a_stalled_run_gives_up_with_exit_1(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["demo", "--events", "0"], "--events: must be >= 1"),
+        (["demo", "--events", "0"], "--events: must be an int >= 1"),
         (["demo", "--events", "many"], "not an integer"),
         (["demo", "--handlers", "indexer,mailer"], "pick from indexer,auditor,notifier"),
         (["demo", "--handlers", "indexer", "--crash-at", "3"], "needs the notifier"),

@@ -11,12 +11,15 @@ def test_public_names_are_pinned() -> None:
             "AdvanceOutcome",
             "AdvanceRun",
             "BoundBatch",
+            "BrokerLag",
             "DeliveryCounts",
             "EventBatch",
             "GroupStats",
             "HandlerStats",
             "IdRange",
             "Message",
+            "OldestMessage",
+            "OldestOutstanding",
             "Reject",
             "Retry",
             "Service",
@@ -31,7 +34,7 @@ def test_public_names_are_pinned() -> None:
         ]
     )
     for name in ackgate.__all__:
-        assert getattr(ackgate, name).__module__.startswith("ackgate")
+        assert getattr(ackgate, name).__module__ == "ackgate", name
 
 
 def test_exception_hierarchy() -> None:

@@ -98,5 +98,5 @@ def test_rate_limit_logging_filters_the_root_handlers_unless_debug(
 
 
 def test_interval_must_be_positive() -> None:
-    with pytest.raises(ValueError, match="interval must be > 0"):
+    with pytest.raises(ValueError, match="interval must be a finite number > 0"):
         RateLimitFilter(0)

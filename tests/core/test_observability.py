@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from ackgate import GroupStats, SharedStreamManager
+from ackgate import GroupStats, OldestOutstanding, SharedStreamManager
 from ackgate.testing import FakeClock, ScriptedProducer
 
 from .conftest import turn
@@ -62,6 +62,10 @@ async def test_stats_reports_each_live_group(clock: FakeClock) -> None:
             advanced_events=0,
             advance_calls=0,
             failed_subscribers=0,
+            # Event 0 is bound by "b" and not confirmed; "a" resolved it.
+            oldest=OldestOutstanding(lane=0, age=2.5, holders=("b",), raw_event=0),
+            # "a" holds the window on event 5; "b" owes 0 (bound), 1 (its window), 2..5.
+            behind={"a": 1, "b": 6},
         )
         assert by_key["f"].mode == "fast" and by_key["f"].subscribers == 1
         assert by_key["f"].outstanding == 0
@@ -70,6 +74,8 @@ async def test_stats_reports_each_live_group(clock: FakeClock) -> None:
         after = {s.key: s for s in manager.stats()}["k"]
         assert after.advanced_events == 1 and after.advance_calls == 1
         assert after.outstanding == 5
+        assert after.oldest == OldestOutstanding(lane=1, age=2.5, holders=("b",), raw_event=1)
+        assert after.behind == {"a": 1, "b": 5}
         for sub in (a, b, fast):
             await sub.aclose()
         assert manager.stats() == []

@@ -19,11 +19,11 @@ from ackgate.testing import ScriptedProducer
 from .conftest import outcomes, turn
 
 
-def _workers() -> list[asyncio.Task[Any]]:
+def _advancers() -> list[asyncio.Task[Any]]:
     return [
         task
         for task in asyncio.all_tasks()
-        if task.get_coro().__qualname__ == "LaneTracker._worker"  # type: ignore[union-attr]
+        if task.get_coro().__qualname__ == "LaneTracker._advancer"  # type: ignore[union-attr]
     ]
 
 
@@ -81,7 +81,7 @@ async def _cancelled_while_resolving(seed: int, cap: int) -> tuple[_OverlapProdu
             await turn(rng.randrange(8))
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    leftover = len(_workers())
+    leftover = len(_advancers())
     confirmer.cancel()
     await asyncio.gather(confirmer, return_exceptions=True)
     return producer, leftover
@@ -191,9 +191,9 @@ async def test_a_stopped_group_with_an_unconfirmed_output_is_freed(stop: str) ->
     assert not manager._bindings._by_seq
 
 
-async def test_advances_survive_their_workers_cancellation() -> None:
+async def test_advances_survive_their_advancers_cancellation() -> None:
     """docs/production.md#handler-mistakes: asyncio.run() cancels every task when main() ends, the
-    advance workers included; the group's stop still advances what was resolved, and returns."""
+    advancers included; the group's stop still advances what was resolved, and returns."""
     producer = ScriptedProducer(lane=lambda payload: payload)
     for n in range(3):
         producer.feed(b"%d" % n, n)
@@ -202,14 +202,14 @@ async def test_advances_survive_their_workers_cancellation() -> None:
         events = aiter(subscription)
         for _ in range(3):
             await anext(events)  # each pull resolves the event before it
-        workers = _workers()
-        assert workers, "a resolved event has a worker on its way to advance it"
-        for worker in workers:
-            worker.cancel()  # as asyncio.run() does, before the group's stop begins
+        advancers = _advancers()
+        assert advancers, "a resolved event has an advancer on its way to advance it"
+        for advancer in advancers:
+            advancer.cancel()  # as asyncio.run() does, before the group's stop begins
         # The last member leaves: aclose() returns once the group stopped.
         leaving = asyncio.ensure_future(subscription.aclose())
         done, _ = await asyncio.wait([leaving], timeout=5)
-        if not done:  # the regression: the stop waits for workers that are gone
+        if not done:  # the regression: the stop waits for advancers that are gone
             stop = subscription._group.stop_task
             assert stop is not None
             stop.cancel()  # so that leaving the manager does not hang too

@@ -1,7 +1,8 @@
 """docs/production.md#watching-it health endpoints of ``ackgate run --health-port``, over real HTTP
 against the command as a subprocess: ``/readyz`` goes to 503 when a roster member is missing and
 when the broker is down, and back to 200; ``/livez`` fails while the loop is blocked. Metrics:
-``--metrics-port`` scraped over HTTP and parsed as Prometheus text."""
+``--metrics-port`` scraped over HTTP and parsed as Prometheus text, with no ``otel_scope_*``
+labels."""
 
 from __future__ import annotations
 
@@ -204,5 +205,11 @@ def test_metrics_port_serves_prometheus_text(
         assert name in families, sorted(families)
     (live,) = families["ackgate_group_live"].samples
     assert live.value == 1 and live.labels["ackgate_service"] == "ticks"
+    # No otel_scope_* labels: ackgate is the only scope, they are noise on every series.
+    labels = {label for f in families.values() for s in f.samples for label in s.labels}
+    assert not [label for label in labels if label.startswith("otel_scope")], sorted(labels)
+    # Per handler, how far it is behind what was read (the lag of the handler).
+    behind = {s.labels["ackgate_handler"] for s in families["ackgate_handler_behind"].samples}
+    assert behind == {"slow", "fast"}
     child.send_signal(signal.SIGTERM)
     assert child.wait(timeout=30) == 0

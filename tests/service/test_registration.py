@@ -42,10 +42,10 @@ def test_constructor_checks() -> None:
 @pytest.mark.parametrize(
     ("options", "error", "match"),
     [
-        ({"concurrency": 0}, ValueError, "concurrency must be >= 1"),
+        ({"concurrency": 0}, ValueError, "concurrency must be an int >= 1"),
         ({"concurrency": 2.5}, ValueError, "concurrency must be an int"),
         ({"ordering": "partition"}, ValueError, 'ordering must be "lane", "key" or "none"'),
-        ({"batch_size": 0}, ValueError, "batch_size must be >= 1"),
+        ({"batch_size": 0}, ValueError, "batch_size must be an int >= 1"),
         ({"batch_size": 10, "batch_wait": -1}, ValueError, "batch_wait must be a finite"),
         ({"batch_size": 10, "batch_wait": float("inf")}, ValueError, "batch_wait must be"),
         ({"batch_wait": 0.5}, ValueError, "batch_wait applies to batch handlers only"),
@@ -97,8 +97,8 @@ def test_handler_ids_are_unique_non_empty_strs() -> None:
 @pytest.mark.parametrize(
     ("retry", "match"),
     [
-        ({"attempts": 0}, "attempts must be >= 1"),
-        ({"attempts": 1.5}, "attempts must be an int"),
+        ({"attempts": 0}, r"attempts \(it counts the first call\) must be an int >= 1"),
+        ({"attempts": 1.5}, r"attempts \(it counts the first call\) must be an int >= 1"),
         ({"backoff": -0.1}, "backoff must be a finite number"),
         ({"max_backoff": float("nan")}, "max_backoff must be a finite number"),
         ({"backoff": 2.0, "max_backoff": 1.0}, r"max_backoff \(1.0\) must be >= Retry.backoff"),

@@ -19,7 +19,8 @@ from typing import IO
 
 import pytest
 
-from ackgate._operating.run_command import GC_THRESHOLD, BadTarget, load_services, tune_gc
+from ackgate._operating.args import BadTarget
+from ackgate._operating.run_command import GC_THRESHOLD, load_services, tune_gc
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -328,7 +329,7 @@ def test_a_missing_adapter_is_a_bad_target_naming_what_to_install(
 def test_a_bad_command_line_exits_2(tmp_path: Path) -> None:
     (tmp_path / "hangs.py").write_text(HANGS)
     for args, message in [
-        (["hangs:services", "--max-restarts", "-1"], "--max-restarts: must be >= 0, got -1"),
+        (["hangs:services", "--max-restarts", "-1"], "--max-restarts: must be an int >= 0, got -1"),
         (["hangs:services", "--max-restarts", "two"], "--max-restarts: not an integer: 'two'"),
         (["hangs:services", "--shutdown-timeout", "soon"], "--shutdown-timeout: not a number"),
         ([], "the following arguments are required: MODULE:ATTR"),

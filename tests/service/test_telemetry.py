@@ -12,7 +12,7 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.propagate import inject
 
-from ackgate import Message, Reject, Service
+from ackgate import BrokerLag, Message, Reject, Service
 from ackgate._service.telemetry import sdk_configured
 from ackgate.adapters.memory import MemoryBroker, MemoryStreamProducer
 from ackgate_test_support.otel import otel_sdk, points
@@ -100,6 +100,54 @@ async def test_every_instrument_after_a_known_run(broker: MemoryBroker, running:
     assert value(found, "ackgate.group.advance.duration").count == advances
     assert value(found, "ackgate.group.advanced_messages").value == stats.group.advanced_events
     assert stats.group.advance_calls == advances
+
+
+class LaggingProducer(MemoryStreamProducer):
+    """The memory producer with a broker lag to report, as an adapter measures it."""
+
+    def broker_lag(self) -> BrokerLag:
+        return BrokerLag(lanes={0: 7}, waiting=3, in_flight=2, measured_at=1.0)
+
+
+async def test_the_oldest_message_is_named_in_labels_and_lag_is_recorded(
+    broker: MemoryBroker, running: Any
+) -> None:
+    broker.create_topic("one-lane", 1)
+    for n in range(3):
+        broker.publish("one-lane", b"m%d" % n, key=f"customer-{n}")
+    with otel_sdk() as (reader, _spans):
+        service = Service("lagging", producer=lambda: LaggingProducer(broker, "one-lane", "g"))
+        holding = asyncio.Event()
+        release = asyncio.Event()
+
+        @service.handler("fast")
+        async def fast(message: Message) -> None:
+            pass
+
+        @service.handler("slow")
+        async def slow(message: Message) -> None:
+            holding.set()
+            await release.wait()
+
+        async with running(service):
+            await asyncio.wait_for(holding.wait(), 10)
+            found = points(reader, "lagging")
+            release.set()
+    (oldest,) = found["ackgate.group.oldest_message_age"]
+    assert {k: v for k, v in oldest.attributes.items() if k != "ackgate.service"} == {
+        "ackgate.lane": "0",
+        "ackgate.message.key": "customer-0",
+        "messaging.message.id": "one-lane/0/0",
+        "ackgate.handlers": "slow",
+    }
+    assert oldest.value > 0
+    assert value(found, "ackgate.handler.behind", **{"ackgate.handler": "slow"}).value == 3
+    assert value(found, "ackgate.handler.behind", **{"ackgate.handler": "fast"}).value == 0
+    assert value(found, "ackgate.group.lag", **{"ackgate.lane": "0"}).value == 7
+    assert value(found, "ackgate.group.broker_messages", **{"ackgate.state": "waiting"}).value == 3
+    assert (
+        value(found, "ackgate.group.broker_messages", **{"ackgate.state": "in_flight"}).value == 2
+    )
 
 
 def test_no_sdk_no_instrumentation() -> None:

@@ -15,9 +15,10 @@ import logging
 from collections.abc import AsyncGenerator, Hashable, Iterable, Sequence
 from typing import Any, NamedTuple
 
-from ackgate import IdRange
+from ackgate import BrokerLag, IdRange
 from ackgate_kafka._commits import PartitionOwner
 from ackgate_kafka._dead_letter import SHARED_CONNECTION_OPTIONS
+from ackgate_kafka._lag import LagWatch
 from ackgate_kafka._membership import MembershipKeeper
 from ackgate_kafka._offset_map import decode
 from ackgate_kafka._outage import OutageWatch
@@ -97,6 +98,14 @@ class Fetcher(PartitionOwner):
 
     _topics: list[str]
     _options: dict[str, Any]
+    _lag_watch: LagWatch | None = None
+
+    def broker_lag(self) -> BrokerLag | None:
+        """Per partition of the topics, assigned here or not: its end offset minus the
+        group's committed offset, measured every few seconds
+        (:mod:`ackgate_kafka._lag`); ``None`` until the first measurement."""
+        watch = self._lag_watch
+        return None if watch is None else watch.last
 
     async def _chunks(self) -> AsyncGenerator[Chunk, None]:
         """A :class:`Chunk` for up to 256 records of one partition of a fetch at a
@@ -188,9 +197,11 @@ class Fetcher(PartitionOwner):
             self._group_id,
         )
         keeper.start()
-        watch = OutageWatch(self._consumer, self, self._bootstrap_servers)
+        watch = OutageWatch(self._consumer, self, self._bootstrap_servers, self._options)
         watch.start()
         refresh = asyncio.get_running_loop().create_task(self._refresh_maps(_MAP_REFRESH_SECONDS))
+        lag = self._lag_watch = LagWatch(self._consumer, self._topics, self._group_id)
+        lag.start()
         try:
             while True:
                 try:
@@ -223,6 +234,7 @@ class Fetcher(PartitionOwner):
         finally:
             refresh.cancel()
             await asyncio.gather(refresh, return_exceptions=True)
+            await lag.close()
             await watch.close()
             await keeper.close()
 
@@ -257,6 +269,16 @@ class Fetcher(PartitionOwner):
                     )
                 else:
                     offset_map = decoded
+                    skipped = sum(end - start for start, end in decoded.finished.runs())
+                    log.info(
+                        "Using the offset map committed with %s-%d@%d: %d offset(s) past it "
+                        "finished (skipped when fetched again), %d with delivery counts",
+                        tp.topic,
+                        tp.partition,
+                        offset,
+                        skipped,
+                        len(decoded.counts),
+                    )
             part.load(offset, offset_map)
             progress = self._subscriber_progress
             if offset_map is not None and offset_map.members and progress is not None:

@@ -100,6 +100,11 @@ it (docs/concepts.md#redelivery-memory): only those that failed it (or joined si
 :meth:`~KafkaStreamProducer.to_message` builds the ``ackgate.Message`` a ``Service`` handler
 receives (tombstones, duplicate header names and the delivery count are described there).
 
+**Lag and new partitions.** :meth:`~KafkaStreamProducer.broker_lag` is the end offset
+minus the group's committed offset of every partition of the topics, measured every 5 s
+(:mod:`ackgate_kafka._lag`). ``metadata_max_age_ms`` defaults to 30 s (aiokafka's own
+default is 300 s), so partitions added to a topic are assigned within about 30 s.
+
 **Errors.** A broker error while starting or polling ends the group: subscribers get
 ``StreamTerminated`` whose ``__cause__`` is a ``ConnectionError`` (cannot reach the
 cluster) or ``RuntimeError`` chained to the aiokafka error. A failed commit or DLQ
@@ -128,6 +133,9 @@ _SMALLEST_MAP = 128
 
 log = logging.getLogger("ackgate.adapters.kafka")
 
+#: ``metadata_max_age_ms`` unless given: how soon new partitions of a topic are seen.
+DEFAULT_METADATA_MAX_AGE_MS = 30_000
+
 
 class KafkaStreamProducer(Fetcher):
     """Consume ``topics`` as consumer group ``group_id``; commit only what all subscribers resolved.
@@ -146,6 +154,8 @@ class KafkaStreamProducer(Fetcher):
     Nothing connects before :meth:`open_stream`; :meth:`aclose` stops the consumer
     (leaving the group) and the DLQ producer.
     """
+
+    messaging_system = "kafka"
 
     def __init__(
         self,
@@ -184,6 +194,9 @@ class KafkaStreamProducer(Fetcher):
                 f"got {offset_map_max_bytes!r}"
             )
         consumer_options.setdefault("auto_offset_reset", "earliest")
+        # aiokafka's default is 5 minutes: partitions added to a topic would wait that
+        # long to be assigned and read.
+        consumer_options.setdefault("metadata_max_age_ms", DEFAULT_METADATA_MAX_AGE_MS)
         self._bootstrap_servers = bootstrap_servers
         self._group_id = group_id
         self._dlq_topic = dlq_topic

@@ -121,6 +121,8 @@ class PubSubStreamProducer(SharedStreamProducer):
     The broker-side contract is in the module docstring.
     """
 
+    messaging_system = "gcp_pubsub"
+
     def __init__(
         self,
         subscription: str,
@@ -188,6 +190,10 @@ class PubSubStreamProducer(SharedStreamProducer):
         received: Received = raw_event
         attempt = received.delivery_attempt or self._deliveries.get(received.message.message_id)
         return to_message(received, self.get_advance_lane(broker_payload), attempt or 1)
+
+    def destination_name(self) -> str:
+        """What it reads, for spans' ``messaging.destination.name``."""
+        return self._subscription
 
     def dead_letter_destination(self) -> str | None:
         """``"Pub/Sub topic <dlq_topic>"``; ``None`` without ``dlq_topic``: a rejected

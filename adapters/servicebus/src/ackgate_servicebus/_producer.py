@@ -156,6 +156,8 @@ class ServiceBusStreamProducer(SharedStreamProducer):
     ``ServiceBusClient`` (``retry_total``, ``transport_type``, ...).
     """
 
+    messaging_system = "servicebus"
+
     def __init__(
         self,
         *,
@@ -335,6 +337,10 @@ class ServiceBusStreamProducer(SharedStreamProducer):
     def to_message(self, raw_event: Any, broker_payload: Any) -> Message:
         """The :class:`~ackgate.Message` of one received message (module docstring)."""
         return to_message(raw_event, self.get_advance_lane(broker_payload))
+
+    def destination_name(self) -> str:
+        """What it reads, for spans' ``messaging.destination.name``."""
+        return self._entity
 
     def dead_letter_destination(self) -> str:
         """The dead-letter sub-queue of the entity: every rejected message is moved

@@ -83,9 +83,10 @@ from collections.abc import AsyncIterator, Hashable, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
-from ackgate import AdvanceItem, AdvanceOutcome, Message, SharedStreamProducer
+from ackgate import AdvanceItem, AdvanceOutcome, BrokerLag, Message, SharedStreamProducer
 from ackgate_sqs._batches import BATCH_LIMIT, Coalescer, chunks, failed_ids, submit
 from ackgate_sqs._dead_letter import dead_letter
+from ackgate_sqs._lag import QueueCounts
 from ackgate_sqs._message import Receipt, to_message
 
 logger = logging.getLogger("ackgate.adapters.sqs")
@@ -137,6 +138,8 @@ class SqsStreamProducer(SharedStreamProducer):
     returned included) visible again so it is redelivered at once, then closes
     the client. Closing therefore takes up to ``wait_time_seconds``.
     """
+
+    messaging_system = "aws_sqs"
 
     def __init__(
         self,
@@ -201,6 +204,7 @@ class SqsStreamProducer(SharedStreamProducer):
         self._held: list[Receipt] = []
         # Set by aclose(). Invariant: once set, no receive is sent.
         self._closing = False
+        self._counts: QueueCounts | None = None
 
     async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
         """Long-poll the queue forever, yielding ``(message, receipt)``.
@@ -214,6 +218,8 @@ class SqsStreamProducer(SharedStreamProducer):
         whatever it received.
         """
         await self._connect()
+        self._counts = QueueCounts(self._client, self._queue_url)
+        self._counts.start()
         self._heartbeat = asyncio.create_task(self._keep_invisible(), name="ackgate-sqs-heartbeat")
         backoff = _RETRY_BACKOFF
         while not self._closing:
@@ -233,6 +239,11 @@ class SqsStreamProducer(SharedStreamProducer):
             for pair in received:
                 yield pair
 
+    def broker_lag(self) -> BrokerLag | None:
+        """The queue's approximate counts (``waiting``: visible, ``in_flight``: not
+        visible), read every 10 s (:mod:`ackgate_sqs._lag`); ``None`` before the first."""
+        return None if self._counts is None else self._counts.last
+
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         receipt: Receipt = broker_payload
         return receipt.lane
@@ -246,6 +257,10 @@ class SqsStreamProducer(SharedStreamProducer):
     def to_message(self, raw_event: Any, broker_payload: Any) -> Message:
         """The :class:`~ackgate.Message` of one received message (see the module docstring)."""
         return to_message(raw_event, broker_payload)
+
+    def destination_name(self) -> str:
+        """What it reads, for spans' ``messaging.destination.name``."""
+        return self._queue_url
 
     def dead_letter_destination(self) -> str | None:
         """``"SQS queue <dlq_queue_url>"``; ``None`` without ``dlq_queue_url``: a
@@ -318,6 +333,8 @@ class SqsStreamProducer(SharedStreamProducer):
             if self._heartbeat is not None:
                 self._heartbeat.cancel()
                 await asyncio.wait([self._heartbeat])
+            if self._counts is not None:
+                await self._counts.close()
             abandoned = list(self._outstanding.values())  # the held releases too
             self._outstanding.clear()
             self._held.clear()
