@@ -431,15 +431,7 @@ class RedeliveryMemory:
         group, as the producer's broker recorded it): a copy broadcast later is not
         handed to them. Forgotten like any span."""
         assert first < stop and mask, (first, stop, mask)
-        spans = self._spans.setdefault(prefix, [])
-        span = _Span(prefix, first, stop)
-        span.mask = mask
-        spans.insert(bisect_right(spans, first, key=_first), span)
-        self._longest = max(self._longest, stop - first)
-        self._spans_order.append(span)
-        self._span_ids += stop - first
-        while self._span_ids > self._capacity and len(self._spans_order) > 1:
-            self._forget(self._spans_order.popleft())
+        self._add_span(self._spans.setdefault(prefix, []), prefix, first, stop).mask = mask
 
     def _spanned(self, ids: IdRange) -> _Spanned:
         prefix, first = ids.prefix, ids.first
@@ -457,6 +449,13 @@ class RedeliveryMemory:
                 redelivered = True
                 if span.first == first and span.stop == stop:
                     return _Spanned(self, span, True)  # the same run fetched again
+        return _Spanned(self, self._add_span(spans, prefix, first, stop), redelivered)
+
+    def _add_span(
+        self, spans: list[_Span], prefix: tuple[Hashable, ...], first: int, stop: int
+    ) -> _Span:
+        """A new span in ``spans`` (those of ``prefix``); the oldest are forgotten
+        beyond ``capacity`` ids."""
         span = _Span(prefix, first, stop)
         spans.insert(bisect_right(spans, first, key=_first), span)
         self._longest = max(self._longest, stop - first)
@@ -464,7 +463,7 @@ class RedeliveryMemory:
         self._span_ids += stop - first
         while self._span_ids > self._capacity and len(self._spans_order) > 1:
             self._forget(self._spans_order.popleft())
-        return _Spanned(self, span, redelivered)
+        return span
 
     def _forget(self, span: _Span) -> None:
         spans = self._spans[span.prefix]
