@@ -201,7 +201,7 @@ class PartitionOwner(SharedStreamProducer):
 
     async def _refresh_maps(self, interval: float) -> None:
         """Every ``interval`` seconds, commit the committed offset of each owned
-        partition with events outstanding and no commit for ``interval`` again where
+        partition with events delivered past it and no commit for ``interval`` again where
         its map changed (members acked more since), all in one request: a lane that
         cannot advance (a slow handler, a held offset) still records what the other
         members finished past it, and a lane that advances pays nothing more (each of
@@ -222,8 +222,7 @@ class PartitionOwner(SharedStreamProducer):
                     if (
                         offset is None
                         or part.committed_at > stale
-                        or part.yielded_next is None
-                        or part.yielded_next <= offset
+                        or part.seen_next <= offset  # nothing delivered past it
                         or not part.owned
                         or part.draining
                         or part.refused
