@@ -21,6 +21,7 @@ from ackgate._contract.errors import (
 from ackgate._contract.message import Message, Reject
 from ackgate._contract.outcome import AdvanceItem, AdvanceOutcome, AdvanceRun, EventBatch, IdRange
 from ackgate._contract.producer import SharedStreamProducer
+from ackgate._contract.progress import SubscriberProgress
 from ackgate._contract.stats import BrokerLag, GroupStats, OldestOutstanding
 from ackgate._core.bindings import BoundBatch
 from ackgate._core.manager import SharedStreamManager
@@ -58,6 +59,7 @@ __all__ = [
     "SharedStreamProducer",
     "StreamTerminated",
     "SubscriberOverflow",
+    "SubscriberProgress",
     "Subscription",
     "reject_shared_stream_event",
 ]

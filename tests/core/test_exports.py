@@ -30,6 +30,7 @@ def test_public_names_are_pinned() -> None:
             "SharedStreamManager",
             "SharedStreamProducer",
             "StreamTerminated",
+            "SubscriberProgress",
             "Subscription",
             "SubscriberOverflow",
             "reject_shared_stream_event",

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO
 
@@ -88,11 +89,19 @@ def ackgate_run(cwd: Path, *args: str) -> subprocess.Popen[str]:
 
 
 def finish(process: subprocess.Popen[str]) -> tuple[str, str]:
-    """Its stdout and stderr once it exited by itself; killed if it does not within 60 s."""
-    try:
-        return process.communicate(timeout=60)
-    finally:
-        process.kill()
+    """The rest of its stdout and stderr once it exited by itself; killed if it does not
+    within 60 s. Read through the pipes' text streams, never ``communicate()``: that reads
+    the file descriptors directly, so it loses the lines a ``read_until`` on the stream
+    already read ahead into its buffer (a loaded machine delivers many lines per read)."""
+    assert process.stdout is not None and process.stderr is not None
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        out = pool.submit(process.stdout.read)
+        err = pool.submit(process.stderr.read)
+        try:
+            process.wait(timeout=60)
+        finally:
+            process.kill()  # nothing once it exited; else it ends the reads
+        return out.result(), err.result()
 
 
 def read_until(stream: IO[str] | None, text: str, lines: list[str]) -> None:
@@ -104,6 +113,21 @@ def read_until(stream: IO[str] | None, text: str, lines: list[str]) -> None:
     raise AssertionError(f"{text!r} never came; got {lines[-5:]!r}")
 
 
+def test_finish_keeps_the_lines_read_until_read_ahead() -> None:
+    # One write: read_until's first read takes all 100 lines, and yields 40.
+    child = "import os; os.write(1, b''.join(b'line %d\\n' % n for n in range(100)))"
+    process = subprocess.Popen(
+        [sys.executable, "-c", child],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    read_until(process.stdout, "line 39", lines)
+    out, _ = finish(process)
+    assert [*lines, *out.splitlines(keepends=True)] == [f"line {n}\n" for n in range(100)]
+
+
 def test_sigterm_stops_gracefully_and_commits_exactly_what_finished(tmp_path: Path) -> None:
     (tmp_path / "orders_app.py").write_text(APP)
     process = ackgate_run(tmp_path, "orders_app:service", "--shutdown-timeout", "20")
@@ -112,7 +136,7 @@ def test_sigterm_stops_gracefully_and_commits_exactly_what_finished(tmp_path: Pa
         for _ in range(40):
             read_until(process.stdout, "done ", lines)
         process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=60)
+        out, err = finish(process)
     finally:
         process.kill()
     assert process.returncode == 0, err
@@ -139,7 +163,7 @@ def test_a_second_signal_stops_at_once(tmp_path: Path) -> None:
         process.send_signal(signal.SIGINT)
         read_until(process.stderr, "stopping gracefully", [])
         process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=60)
+        _, err = finish(process)
     finally:
         process.kill()
     assert process.returncode == 1
