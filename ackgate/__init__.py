@@ -8,6 +8,7 @@ resolved events back to the producer in order. :class:`Service` runs decorated
 handlers over one shared stream and keeps it up.
 """
 
+from ackgate._contract.dead_letters import DeadLetter
 from ackgate._contract.deliveries import DeliveryCounts
 from ackgate._contract.errors import (
     AckGateError,
@@ -23,6 +24,7 @@ from ackgate._contract.message import Message, Reject
 from ackgate._contract.options import check_options, masked_options
 from ackgate._contract.outcome import AdvanceItem, AdvanceOutcome, AdvanceRun, EventBatch, IdRange
 from ackgate._contract.producer import SharedStreamProducer
+from ackgate._contract.progress import SubscriberProgress
 from ackgate._contract.stats import BrokerLag, GroupStats, OldestOutstanding
 from ackgate._core.bindings import BoundBatch
 from ackgate._core.manager import SharedStreamManager
@@ -42,6 +44,7 @@ __all__ = [
     "AuthenticationFailed",
     "BoundBatch",
     "BrokerLag",
+    "DeadLetter",
     "DeliveryCounts",
     "EventBatch",
     "GroupStats",
@@ -60,6 +63,7 @@ __all__ = [
     "SharedStreamProducer",
     "StreamTerminated",
     "SubscriberOverflow",
+    "SubscriberProgress",
     "Subscription",
     "TLSVerificationFailed",
     "check_options",

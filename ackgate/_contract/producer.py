@@ -8,6 +8,7 @@ from typing import Any
 
 from ackgate._contract.message import Message
 from ackgate._contract.outcome import AdvanceItem, AdvanceRun, EventBatch
+from ackgate._contract.progress import SubscriberProgress
 from ackgate._contract.stats import BrokerLag
 from ackgate._contract.upstream import Upstream
 
@@ -50,6 +51,9 @@ class SharedStreamProducer(ABC):
     #: The connection state of the group reading this producer; set by the group
     #: (:meth:`_watch_upstream`) while it reads it, ``None`` otherwise.
     _upstream: Upstream | None = None
+    #: What the roster members of the group reading this producer acked; set by the
+    #: group (:meth:`_watch_subscriber_progress`) while it reads it, ``None`` otherwise.
+    _subscriber_progress: SubscriberProgress | None = None
 
     @abstractmethod
     def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
@@ -258,6 +262,13 @@ class SharedStreamProducer(ABC):
         """Caller: the group, when it starts reading this producer (and ``None`` once
         it closed it). A wrapping producer forwards it to the producer it wraps."""
         self._upstream = upstream
+
+    def _watch_subscriber_progress(self, progress: SubscriberProgress | None) -> None:
+        """Caller: the group, when it starts reading this producer (and ``None`` once
+        it closed it): what each roster member acked, by event id, for a producer
+        that records it with its advances and hands it back to the next group
+        (:class:`~ackgate.SubscriberProgress`). A wrapping producer forwards it."""
+        self._subscriber_progress = progress
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, empty by design
         """Release the broker connection. Best-effort.

@@ -86,6 +86,10 @@ class GroupStats:
         redeliveries_skipped: Deliveries saved (docs/concepts.md#redelivery-memory):
             redelivered copies counted acked at once for subscribers that had acked
             an earlier copy, instead of handed to them again.
+        progress_overflows: Records of per-subscriber progress (a Kafka commit's offset
+            map) that did not fit the producer's limit: the acks left out are
+            redelivered to those subscribers after a restart or rebalance
+            (duplicates, never a loss). Counted by producers that record progress.
         upstream_connected: ``False`` while the producer reports its broker
             unreachable (``SharedStreamProducer.upstream_lost``) and has not
             reported it back yet. Nothing is advanced meanwhile. Always ``True``
@@ -114,6 +118,7 @@ class GroupStats:
     paused: bool = False
     missing: tuple[Hashable, ...] = ()
     redeliveries_skipped: int = 0
+    progress_overflows: int = 0
     upstream_connected: bool = True
     upstream_down_since: float | None = None
     oldest: OldestOutstanding | None = None

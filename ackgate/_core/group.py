@@ -38,6 +38,7 @@ from ackgate._core.bindings import OutputRegistry
 from ackgate._core.fanout import EventLog, Run
 from ackgate._core.group_state import GroupConfig
 from ackgate._core.intake import Intake
+from ackgate._core.progress import GroupProgress
 from ackgate._core.redelivery import RedeliveryMemory
 from ackgate._core.subscription import Subscription
 from ackgate._core.tracker import LaneTracker
@@ -119,6 +120,9 @@ class Group(Intake):
         #: Who acked which event ids, to skip them on a redelivered copy
         #: (docs/concepts.md#redelivery-memory).
         self.redelivery = RedeliveryMemory(_REMEMBERED_EVENT_IDS)
+        #: The memory, per roster member, for a producer that carries it across the
+        #: group's lives (``SharedStreamProducer._watch_subscriber_progress``).
+        self.progress = GroupProgress(self.redelivery, roster, self.members)
         self.redeliveries_skipped = 0
         self.redeliveries_skipped_by: dict[Hashable, int] = {}
         #: Set once the poll no longer reads the upstream (it ended, or is closing the
@@ -238,4 +242,5 @@ class Group(Intake):
                     logger.warning("producer aclose() failed key=%r", self.key, exc_info=True)
                 # A closed producer's reports would reach the key's next group.
                 self._producer._watch_upstream(None)
+                self._producer._watch_subscriber_progress(None)
             logger.info("Shared stream group stopped key=%r reason=%s", self.key, reason)

@@ -23,6 +23,7 @@ from ackgate._contract.producer import SharedStreamProducer
 from ackgate._contract.upstream import Upstream
 from ackgate._core.bindings import OutputRegistry
 from ackgate._core.fanout import EventLog, Run
+from ackgate._core.progress import GroupProgress
 from ackgate._core.redelivery import RedeliveryMemory
 from ackgate._core.subscription import Subscription
 from ackgate._core.tracker import LaneTracker
@@ -72,6 +73,7 @@ class GroupState(ABC):
     _sleep_until: Callable[[float], Awaitable[None]] | None
     _producer: SharedStreamProducer | None
     redelivery: RedeliveryMemory
+    progress: GroupProgress
     redeliveries_skipped: int
     redeliveries_skipped_by: dict[Hashable, int]
     _poll_exited: bool

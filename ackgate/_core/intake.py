@@ -165,6 +165,7 @@ class Intake(Timeouts):
             )
         self._producer = made
         made._watch_upstream(self.upstream)
+        made._watch_subscriber_progress(self.progress)
         if overrides(made, "get_event_id"):
             self._get_event_id = made.get_event_id
         self.tracker.start(made)

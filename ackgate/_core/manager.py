@@ -296,6 +296,7 @@ class SharedStreamManager:
                     paused=group.paused,
                     missing=group.missing(),
                     redeliveries_skipped=group.redeliveries_skipped,
+                    progress_overflows=group.progress.overflows,
                     upstream_connected=group.upstream.connected,
                     upstream_down_since=group.upstream.down_since,
                     oldest=oldest,

@@ -211,8 +211,10 @@ class RedeliveryMemory:
         "_appended",
         "_bits",
         "_capacity",
+        "_cell_index",
         "_cell_prefixes",
         "_cells",
+        "_ids",
         "_longest",
         "_order",
         "_span_ids",
@@ -243,6 +245,12 @@ class RedeliveryMemory:
         #: _longest`` cannot reach ``first``.
         self._longest = 0
         self._bits: dict[Hashable, int] = {}
+        #: The subscriber id of each bit (``_ids[bit]``).
+        self._ids: list[Hashable] = []
+        #: Per prefix, the cells of ids ``(*prefix, offset)`` by offset: kept only once
+        #: a producer asks what was acked (``ranged_cells``), so nothing is paid otherwise.
+        #: Invariant: every cell in it is a cell of ``_cells`` (forgotten together).
+        self._cell_index: dict[tuple[Hashable, ...], dict[int, list[int]]] | None = None
 
     def __len__(self) -> int:
         """Ids remembered, in both forms."""
@@ -253,7 +261,12 @@ class RedeliveryMemory:
         bit = self._bits.get(subscriber_id)
         if bit is None and len(self._bits) < _MAX_SUBSCRIBER_IDS:
             bit = self._bits[subscriber_id] = len(self._bits)
+            self._ids.append(subscriber_id)
         return bit
+
+    def subscriber_of(self, bit: int) -> Hashable:
+        """The subscriber id that has ``bit``."""
+        return self._ids[bit]
 
     def remember(self, event_ids: Sequence[Hashable]) -> Remembered:
         """The record of a run with ``event_ids`` (one per event), made now: each id
@@ -365,9 +378,60 @@ class RedeliveryMemory:
                 cell[1] += 1
             found.append(cell)
         self._appended += len(order) - before
+        index = self._cell_index
+        if index is not None and len(order) > before:
+            for position in range(before, len(order)):
+                self._index_cell(index, order[position])
         for _ in range(len(order) - self._capacity):
-            del cells[order.popleft()]
+            forgotten = order.popleft()
+            del cells[forgotten]
+            if index is not None:
+                where = _split(forgotten)
+                if where is not None:
+                    index.get(where[0], {}).pop(where[1], None)
         return found
+
+    def _index_cell(
+        self, index: dict[tuple[Hashable, ...], dict[int, list[int]]], event_id: Hashable
+    ) -> None:
+        where = _split(event_id)
+        if where is not None:
+            index.setdefault(where[0], {})[where[1]] = self._cells[event_id]
+
+    def ranged_cells(self, prefix: tuple[Hashable, ...], first: int) -> list[tuple[int, int]]:
+        """``(offset, mask)`` of the cells of ids ``(*prefix, offset)``, ``offset >=
+        first``, in no order. Cells below ``first`` are no longer looked at by this
+        method (a caller asks with a ``first`` that only grows; asking lower later
+        misses them, which costs duplicates only). Caller: a producer recording
+        progress (:mod:`ackgate._core.progress`)."""
+        index = self._cell_index
+        if index is None:
+            index = self._cell_index = {}
+            for event_id in self._order:
+                self._index_cell(index, event_id)
+        cells = index.get(prefix)
+        if not cells:
+            return []
+        below = [offset for offset in cells if offset < first]
+        for offset in below:
+            del cells[offset]
+        return [(offset, cell[0]) for offset, cell in cells.items() if cell[0]]
+
+    def spans_reaching(self, prefix: tuple[Hashable, ...], first: int) -> list[_Span]:
+        """The remembered spans of ``prefix`` holding an id ``first`` or later."""
+        spans = self._spans.get(prefix)
+        if not spans:
+            return []
+        start = bisect_left(spans, first - self._longest, key=_first)
+        return [span for span in spans[start:] if span.stop > first]
+
+    def seed(self, prefix: tuple[Hashable, ...], first: int, stop: int, mask: int) -> None:
+        """Remember that the subscribers whose flags are set in ``mask`` acked the ids
+        ``(*prefix, first) .. (*prefix, stop - 1)`` before (in an earlier life of the
+        group, as the producer's broker recorded it): a copy broadcast later is not
+        handed to them. Forgotten like any span."""
+        assert first < stop and mask, (first, stop, mask)
+        self._add_span(self._spans.setdefault(prefix, []), prefix, first, stop).mask = mask
 
     def _spanned(self, ids: IdRange) -> _Spanned:
         prefix, first = ids.prefix, ids.first
@@ -385,6 +449,13 @@ class RedeliveryMemory:
                 redelivered = True
                 if span.first == first and span.stop == stop:
                     return _Spanned(self, span, True)  # the same run fetched again
+        return _Spanned(self, self._add_span(spans, prefix, first, stop), redelivered)
+
+    def _add_span(
+        self, spans: list[_Span], prefix: tuple[Hashable, ...], first: int, stop: int
+    ) -> _Span:
+        """A new span in ``spans`` (those of ``prefix``); the oldest are forgotten
+        beyond ``capacity`` ids."""
         span = _Span(prefix, first, stop)
         spans.insert(bisect_right(spans, first, key=_first), span)
         self._longest = max(self._longest, stop - first)
@@ -392,7 +463,7 @@ class RedeliveryMemory:
         self._span_ids += stop - first
         while self._span_ids > self._capacity and len(self._spans_order) > 1:
             self._forget(self._spans_order.popleft())
-        return _Spanned(self, span, redelivered)
+        return span
 
     def _forget(self, span: _Span) -> None:
         spans = self._spans[span.prefix]

@@ -24,6 +24,8 @@ from typing import Any, NoReturn
 
 from ackgate._operating.args import int_at_least
 from ackgate._operating.demo import HANDLERS, Demo
+from ackgate._operating.dlq_command import add_parser as add_dlq_parser
+from ackgate._operating.dlq_command import dlq_command
 from ackgate._operating.run_command import add_parser as add_run_parser
 from ackgate._operating.run_command import run_command
 from ackgate._version import __version__
@@ -122,6 +124,7 @@ def _parser() -> _Parser:
         help="SQLite file for the indexer (default: a temporary one)",
     )
     add_run_parser(commands)
+    add_dlq_parser(commands)
     return parser
 
 
@@ -136,6 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if opts.command == "run":
         return run_command(opts)
+    if opts.command == "dlq":
+        return dlq_command(opts)
     if opts.crash_at is not None:
         if "notifier" not in opts.handlers:
             parser.error("--crash-at needs the notifier among --handlers")

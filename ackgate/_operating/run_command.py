@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import gc
 import importlib
 import logging
@@ -39,6 +40,7 @@ from ackgate._operating.log_setup import configure_logging
 from ackgate._operating.run_options import (
     WORKER_INDEX_ENV,
     add_operability_options,
+    check_metrics_extra,
     prepare_operability,
     run_workers,
     start_health,
@@ -141,6 +143,11 @@ def run_command(opts: argparse.Namespace) -> int:
     """Run the services of ``opts.targets``; return the exit status."""
     worker = os.environ.get(WORKER_INDEX_ENV)
     configure_logging(opts.log_level, opts.client_log_level, worker=worker)
+    try:
+        check_metrics_extra(opts)  # once, before any worker process starts
+    except BadTarget as error:
+        print(f"ackgate run: {error}", file=sys.stderr)
+        return 2
     if opts.workers > 1:
         return run_workers(opts)
     try:
@@ -250,7 +257,11 @@ def _load(target: str) -> list[Service]:
         try:
             value = getattr(value, attr)
         except AttributeError:
-            raise BadTarget(f"{target!r}: {module_name!r} has no attribute {attr_path!r}") from None
+            close = difflib.get_close_matches(attr, [n for n in dir(value) if n[:1] != "_"], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise BadTarget(
+                f"{target!r}: {module_name!r} has no attribute {attr_path!r}{hint}"
+            ) from None
     if isinstance(value, Service):
         return [value]
     if (

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import logging
 import os
 import sys
@@ -85,22 +86,39 @@ def add_operability_options(run: Any) -> None:
     )
 
 
+def check_metrics_extra(opts: argparse.Namespace) -> None:
+    """``--metrics-port`` needs the otel extra: ``BadTarget`` naming what to install
+    when it is missing. Caller: ``ackgate run``, before any worker process starts (each
+    would fail alike, after importing the services)."""
+    if opts.metrics_port is None:
+        return
+    for module in (
+        "opentelemetry.metrics",
+        "opentelemetry.exporter.prometheus",
+        "opentelemetry.sdk.metrics",
+        "prometheus_client",
+    ):
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise BadTarget(
+                f"--metrics-port needs the otel extra ({error.name} is missing): "
+                "pip install 'ackgate[otel]'"
+            ) from None
+
+
 def prepare_operability(opts: argparse.Namespace) -> None:
     """Before the services are imported: serve ``--metrics-port`` (the global meter
     provider becomes the SDK's, read by a Prometheus exporter). ``ValueError`` naming
     what to install when the otel extra is missing."""
     if opts.metrics_port is None:
         return
-    try:
-        from opentelemetry import metrics
-        from opentelemetry.exporter.prometheus import PrometheusMetricReader
-        from opentelemetry.sdk.metrics import MeterProvider
-        from prometheus_client import start_http_server
-    except ImportError as error:
-        raise BadTarget(
-            f"--metrics-port needs the otel extra ({error.name} is missing): "
-            "pip install 'ackgate[otel]'"
-        ) from None
+    check_metrics_extra(opts)
+    from opentelemetry import metrics
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from opentelemetry.sdk.metrics import MeterProvider
+    from prometheus_client import start_http_server
+
     try:
         server, _thread = start_http_server(opts.metrics_port, addr=metrics_host(opts))
     except OSError as error:

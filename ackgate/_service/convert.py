@@ -28,6 +28,7 @@ from typing import Any
 from ackgate._contract.message import Message
 from ackgate._contract.outcome import AdvanceItem, AdvanceRun, EventBatch
 from ackgate._contract.producer import SharedStreamProducer, overrides
+from ackgate._contract.progress import SubscriberProgress
 from ackgate._contract.stats import BrokerLag
 from ackgate._contract.upstream import Upstream
 
@@ -84,6 +85,10 @@ class MessageProducer(SharedStreamProducer):
     def _watch_upstream(self, upstream: Upstream | None) -> None:
         # The inner producer is the one that reports its connection.
         self._inner._watch_upstream(upstream)
+
+    def _watch_subscriber_progress(self, progress: SubscriberProgress | None) -> None:
+        # The inner producer is the one that records progress with its commits.
+        self._inner._watch_subscriber_progress(progress)
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """The inner producer's ``advance``; raising or cancellation as there. (A group

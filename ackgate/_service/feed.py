@@ -16,7 +16,13 @@ from collections.abc import Awaitable, Callable, Hashable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ackgate._contract.errors import AckTimeout, StreamTerminated, SubscriberOverflow
-from ackgate._contract.message import Message
+from ackgate._contract.message import (
+    REPLAY_SERVICE_HEADER,
+    REPLAY_TO_HEADER,
+    REPLAYED_HEADER,
+    Message,
+    Reject,
+)
 from ackgate._contract.producer import SharedStreamProducer
 from ackgate._core.subscription import Subscription
 from ackgate._service.calls import UNORDERED, Calls, Job
@@ -52,6 +58,30 @@ def _ordering_key(spec: HandlerSpec) -> Callable[[Message], Hashable]:
     return lambda message: UNORDERED if message.key is None else message.key
 
 
+def handed_out(spec: HandlerSpec, service: bytes, message: Message) -> Message | Reject | None:
+    """What handler ``spec`` of the service keyed ``service`` (``str(key)``, encoded)
+    is handed of ``message``: the message itself, or its copy with the decoded
+    ``value`` (``decode=``); a ``Reject`` naming the error when the body does not
+    decode; ``None`` when it is a replayed copy meant for another handler only (its
+    ``ackgate.replay-to`` header) or another service (``ackgate.replay-service``):
+    this handler acks it unseen."""
+    headers = message.headers
+    if REPLAYED_HEADER in headers:
+        target = headers.get(REPLAY_TO_HEADER)
+        if target is not None and target != spec.id.encode():
+            return None
+        target = headers.get(REPLAY_SERVICE_HEADER)
+        if target is not None and target != service:
+            return None
+    decoder = spec.decoder
+    if decoder is None:
+        return message
+    try:
+        return decoder.decoded(message)
+    except Reject as reject:
+        return reject
+
+
 class HandlerWorker:
     """Runs one handler's sessions. Caller: the service, one session at a time."""
 
@@ -74,6 +104,8 @@ class HandlerWorker:
         self._unresolved = unresolved
         self._invoke = invoke
         self._key = key
+        #: What an ``ackgate.replay-service`` header names to mean this service.
+        self._service = str(key).encode()
         self._manager = manager
         self._factory = factory
         self._roster = roster
@@ -181,13 +213,27 @@ class HandlerWorker:
         """Per-message handlers: one job per message, ordered by the handler's ordering.
         Pulls as many messages at once as there is room for (one await for them all)."""
         order_by = self._order_by
+        spec = self.spec
+        service = self._service
+        plain = spec.decoder is None
         while True:
             room = calls.capacity - calls.active
             if room <= 0:
                 await calls.wait_room()
                 continue
             for message, seq in await subscription.pull_bound(room):
-                calls.submit(Job(message, (message,), (seq,), order_by(message)))
+                handed = (  # the common case without a call: no decode=, not a replay
+                    message
+                    if plain and REPLAYED_HEADER not in message.headers
+                    else handed_out(spec, service, message)
+                )
+                if isinstance(handed, Message):
+                    calls.submit(Job(handed, (handed,), (seq,), order_by(handed)))
+                elif handed is None:
+                    self._manager.confirm_persisted((seq,))
+                else:
+                    self._reject_undecoded(handed, message)
+                    self._manager.reject_bound((seq,), reason=handed.reason)
 
     async def _pull_batches(self, subscription: Subscription, calls: Calls) -> NoReturn:
         """Batch handlers: up to ``batch_size`` messages, ``batch_wait`` after the first.
@@ -217,7 +263,53 @@ class HandlerWorker:
             except BaseException:
                 self._manager.fail_bound(seqs)  # never handed out
                 raise
-            calls.submit(Job(messages, messages, seqs, batch_key, sizes))
+            job = self._batch_job(messages, seqs, sizes, batch_key)
+            if job is None:
+                self._manager.confirm_persisted(seqs)  # what was not rejected: unseen
+            else:
+                calls.submit(job)
+
+    def _batch_job(
+        self, messages: list[Message], seqs: list[int], sizes: list[int], key: Hashable
+    ) -> Job | None:
+        """The batch job of ``messages`` as :func:`handed_out` makes them: the ones that
+        do not decode are rejected now, those meant for another handler are left
+        bound (acked with the batch), both kept out of the call (``Job.apart``).
+        ``None``: nothing is left to call."""
+        spec = self.spec
+        if spec.decoder is None and not any(REPLAYED_HEADER in m.headers for m in messages):
+            return Job(messages, messages, seqs, key, sizes)
+        apart: set[int] = set()
+        rejects: dict[int, str | None] = {}
+        handed_messages: list[Message] = []
+        for index, message in enumerate(messages):
+            handed = handed_out(spec, self._service, message)
+            if isinstance(handed, Message):
+                handed_messages.append(handed)
+                continue
+            handed_messages.append(message)
+            apart.add(index)
+            if handed is not None:
+                self._reject_undecoded(handed, message)
+                rejects[index] = handed.reason
+        start = 0
+        for seq, size in zip(seqs, sizes, strict=True):
+            indexes = [index - start for index in range(start, start + size) if index in rejects]
+            for index in indexes:
+                self._manager.reject_in_batch(seq, (index,), rejects[start + index])
+            start += size
+        if len(apart) == len(messages):
+            return None
+        argument = [m for index, m in enumerate(handed_messages) if index not in apart]
+        job = Job(argument, handed_messages, seqs, key, sizes)
+        job.apart = apart or None
+        return job
+
+    def _reject_undecoded(self, reject: Reject, message: Message) -> None:
+        self._counters.rejected += 1
+        logger.info(
+            "handler %r rejected message id=%s: %s", self.spec.id, message.id, reject.reason
+        )
 
 
 def _why_ended(

@@ -7,15 +7,19 @@
 
 from __future__ import annotations
 
+import collections.abc
 import functools
 import inspect
+import typing
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from ackgate._contract.checks import check_int, check_number
+from ackgate._contract.message import Message
 from ackgate._contract.stats import GroupStats
 from ackgate._core.subscription import Subscription
+from ackgate._service.decode import Decoder, check_decoder
 from ackgate._service.retry import Redelivery, Retry
 
 Ordering = Literal["lane", "key", "none"]
@@ -44,6 +48,8 @@ class HandlerSpec:
     #: reject, and a message handed past it is rejected without a call
     #: (``Calls._give_up_unresolved``); ``None``: never.
     give_up_after: int | None = None
+    #: ``decode=``: the handler is handed copies whose ``value`` is the decoded body.
+    decoder: Decoder | None = None
     #: The backoff before a failed message is handed to this handler again; ``None``:
     #: the service's.
     redelivery: Redelivery | None = None
@@ -63,6 +69,7 @@ def check_spec(
     batch_size: object,
     batch_wait: object,
     give_up_after: object = None,
+    decode: object = None,
     redelivery: object = None,
 ) -> HandlerSpec:
     """Validate ``@service.handler`` arguments: ``ValueError``/``TypeError`` naming each."""
@@ -100,6 +107,8 @@ def check_spec(
             f"handler {handler_id!r}: redelivery must be a Redelivery or None, got {redelivery!r}"
         )
     _check_takes_one_argument(handler_id, function, batched=batch_size > 1)
+    _check_annotation(handler_id, function, batch_size)
+    decoder = check_decoder(f"handler {handler_id!r}", decode)
     assert callable(function)
     return HandlerSpec(
         id=handler_id,
@@ -110,6 +119,7 @@ def check_spec(
         batch_size=batch_size,
         batch_wait=batch_wait,
         give_up_after=give_up_after,
+        decoder=decoder,
         redelivery=redelivery,
     )
 
@@ -143,6 +153,57 @@ def _check_takes_one_argument(handler_id: str, function: object, *, batched: boo
             f"handler {handler_id!r}: {_name(function)}{shown} cannot be called with "
             f"{takes} as its only argument ({error})"
         ) from None
+
+
+def _check_annotation(handler_id: str, function: object, batch_size: int) -> None:
+    """Refuse a handler whose first parameter's annotation says the other shape: a
+    list of messages without ``batch_size`` (it would fail on every message, forever
+    redelivered), or one ``Message`` with ``batch_size`` (it would get lists)."""
+    shape = _annotated_shape(function)
+    if shape == "list" and batch_size == 1:
+        raise TypeError(
+            f"handler {handler_id!r}: its parameter is annotated as a list of messages, but "
+            "it is registered as a per-message handler: pass batch_size=N (> 1) for a batch "
+            "handler, or annotate it as one Message"
+        )
+    if shape == "one" and batch_size > 1:
+        raise TypeError(
+            f"handler {handler_id!r}: batch_size={batch_size} makes it a batch handler, "
+            "called with a list of messages, but its parameter is annotated as one Message: "
+            "annotate it list[Message], or drop batch_size"
+        )
+
+
+def _annotated_shape(function: object) -> Literal["list", "one"] | None:
+    """``"list"``, ``"one"`` (a ``Message``) or ``None`` (unannotated, or anything
+    else) for the first parameter of ``function``; string annotations are read as text
+    when they cannot be evaluated."""
+    try:
+        parameters = list(inspect.signature(function, eval_str=True).parameters.values())  # type: ignore[arg-type]
+    except (NameError, TypeError, ValueError, SyntaxError):
+        try:
+            parameters = list(inspect.signature(function).parameters.values())  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return None
+    if not parameters:
+        return None
+    annotation = parameters[0].annotation
+    if isinstance(annotation, str):
+        text = annotation.replace(" ", "")
+        head = text.split("[", 1)[0].rsplit(".", 1)[-1]
+        if "[" in text and head in ("list", "List", "Sequence", "Iterable"):
+            return "list"
+        return "one" if head == "Message" else None
+    origin = typing.get_origin(annotation)
+    if annotation is list or origin in (
+        list,
+        collections.abc.Sequence,
+        collections.abc.Iterable,
+    ):
+        return "list"
+    if annotation is Message or origin is Message:
+        return "one"
+    return None
 
 
 def _name(function: object) -> str:

@@ -117,7 +117,10 @@ class Resolutions:
         self._reject_each(job, reasons)
         job.apart = (apart or set()) | set(stale)
         if len(job.apart) == len(shown):
-            job.resolved = True  # every binding is resolved: the rejects finished it
+            job.resolved = True
+            # Acks what was set apart without a reject (a replay meant for another
+            # handler, feed.handed_out); the rejects stay so.
+            self._manager.confirm_persisted(job.seqs)
             return True
         job.argument = [m for index, m in enumerate(shown) if index not in job.apart]
         return False

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Callable, Hashable
 from types import MappingProxyType
 from typing import Any, Literal, TypeVar
@@ -29,6 +30,7 @@ from ackgate._contract.producer import SharedStreamProducer
 from ackgate._contract.stats import OldestOutstanding
 from ackgate._core.manager import SharedStreamManager
 from ackgate._service.convert import Converting, DeadLetterMissing, MessageProducer
+from ackgate._service.decode import check_decoder
 from ackgate._service.feed import DEFAULT_STOP_TIMEOUT, HandlerWorker
 from ackgate._service.handlers import (
     HandlerCounters,
@@ -46,6 +48,9 @@ from ackgate._service.unresolved import UnresolvedCalls
 logger = logging.getLogger("ackgate.service")
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: ``handler(decode=...)`` not given: the service's ``decode=`` applies.
+_SERVICE_DECODE: Any = object()
 
 
 class Service:
@@ -65,6 +70,8 @@ class Service:
     message in the meantime). ``redelivery`` is the :class:`~ackgate.Redelivery`
     backoff of every handler without its own: how long a message a handler failed
     waits before it is handed to that handler again.
+    ``decode=`` is every handler's ``decode=`` unless the handler passes its own
+    (see :meth:`handler`).
 
     Supervision gives up in three cases, and ``run()`` raises. A producer raising
     :class:`~ackgate.PermanentError` (a refusal the broker repeats for good) stops it:
@@ -96,6 +103,7 @@ class Service:
         max_restart_backoff: float = 60.0,
         restart_limit: int | None = None,
         retry_on_auth_error: float | None = None,
+        decode: object = None,
         redelivery: Redelivery = Redelivery(),  # noqa: B008 - immutable
         **options: Any,
     ) -> None:
@@ -128,6 +136,7 @@ class Service:
                 f"restart_backoff ({restart_backoff!r})"
             )
         _check_restart_limit(restart_limit)
+        check_decoder(f"service {key!r}", decode)
         if not isinstance(redelivery, Redelivery):
             raise TypeError(f"redelivery must be a Redelivery, got {redelivery!r}")
         if manager is not None and options:
@@ -147,6 +156,8 @@ class Service:
         self._max_restart_backoff = float(max_restart_backoff)
         self._restart_limit = restart_limit
         self._refusals = Refusals(key, retry_on_auth_error)
+        #: Every handler's ``decode=`` unless it passes its own.
+        self._decode = decode
         self._redelivery = redelivery
         self._specs: dict[str, HandlerSpec] = {}
         self._counters: dict[str, HandlerCounters] = {}
@@ -180,6 +191,7 @@ class Service:
         batch_size: int = 1,
         batch_wait: float = 0.0,
         give_up_after: int | None = None,
+        decode: object = _SERVICE_DECODE,
         redelivery: Redelivery | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated ``async def`` as handler ``handler_id``; return it unchanged.
@@ -236,6 +248,17 @@ class Service:
         (:meth:`SharedStreamProducer.dead_letter_destination` is ``None``): giving
         up never drops a message.
 
+        ``decode=`` (default: the service's) types the payload: a callable taking
+        the body (``bytes``), a pydantic v2 model class or a msgspec ``Struct``
+        class (JSON bodies; ``pip install 'ackgate[pydantic]'`` or
+        ``'ackgate[msgspec]'``). The handler is handed a copy of each message whose
+        ``value`` is the decoded body (annotate ``Message[Order]``); ``decode=None``
+        hands the bytes only. A body that does not decode is rejected for this
+        handler, with a reason naming the error (dead-lettered, never retried,
+        never handed to it). Handlers given the same decoder decode each message
+        once. A parameter annotated as a list of messages without ``batch_size``, or
+        as one ``Message`` with it, is a ``TypeError`` at decoration.
+
         Ids are unique (``ValueError``); registering once ``run()`` started is a
         ``RuntimeError``. Invalid options are a ``ValueError`` (``TypeError`` for a
         function that is not ``async def``, or ``retry`` not a ``Retry``).
@@ -286,6 +309,7 @@ class Service:
                 batch_size=batch_size,
                 batch_wait=batch_wait,
                 give_up_after=give_up_after,
+                decode=self._decode if decode is _SERVICE_DECODE else decode,
                 redelivery=redelivery,
             )
             self._specs[spec.id] = spec
@@ -428,11 +452,9 @@ class Service:
                 delay = self._restart_backoff
             self._restarts += 1
             logger.warning(
-                "service %r: the group ended (%s: %s; cause: %r); restarting in %.3gs",
+                "service %r: the group ended (%s); restarting in %.3gs",
                 self.key,
-                type(cause).__name__,
-                cause,
-                cause.__cause__,
+                ended_because(cause),
                 delay,
             )
             try:
@@ -536,6 +558,22 @@ class Service:
             oldest=None if group is None else _named(group.oldest),
             refused=self._refusals.reason if group is None else None,
         )
+
+
+def ended_because(error: BaseException) -> str:
+    """``error`` and its cause for one log line, the cause's text once: left out when
+    the error's own message already quotes it. A host name that does not resolve
+    (``socket.gaierror`` anywhere in the chain) is said so: "unknown host"."""
+    text = f"{type(error).__name__}: {error}"
+    cause = error.__cause__
+    if cause is not None and repr(cause) not in text and str(cause) not in text:
+        text += f"; cause: {type(cause).__name__}: {cause}"
+    chained: BaseException | None = error
+    while chained is not None:
+        if isinstance(chained, socket.gaierror):
+            return f"unknown host: {text}" if "unknown host" not in text else text
+        chained = chained.__cause__ or chained.__context__
+    return text
 
 
 def _named(oldest: OldestOutstanding | None) -> OldestMessage | None:

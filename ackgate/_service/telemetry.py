@@ -16,7 +16,8 @@ one exists, ``ackgate.*`` otherwise; every point carries ``ackgate.service``):
   ``error.type`` when it raised);
 - per service group: ``ackgate.group.outstanding``, ``ackgate.group.oldest_outstanding_age``,
   ``ackgate.group.paused``, ``ackgate.group.upstream_connected``, ``ackgate.group.live``
-  (gauges), ``ackgate.group.redeliveries_skipped``, ``ackgate.group.advances``,
+  (gauges), ``ackgate.group.redeliveries_skipped``, ``ackgate.group.progress_overflows``,
+  ``ackgate.group.advances``,
   ``ackgate.group.advanced_messages`` and ``ackgate.service.restarts`` (counters),
   ``ackgate.group.advance.duration`` (histogram);
 - lag: ``ackgate.group.lag`` per ``ackgate.lane`` and ``ackgate.group.broker_messages``
@@ -322,6 +323,15 @@ class _Instruments:
             [lambda _options: observations("skipped")],
             unit="{message}",
             description="Redelivered copies not handed again to handlers that had acked them.",
+        )
+        meter.create_observable_counter(
+            "ackgate.group.progress_overflows",
+            [lambda _options: observations("progress_overflows")],
+            unit="{commit}",
+            description=(
+                "Records of per-handler progress cut to fit the broker's limit (a Kafka "
+                "offset map): duplicates after a restart, never a loss. Per group life."
+            ),
         )
         meter.create_observable_counter(
             "ackgate.service.restarts",

@@ -23,7 +23,9 @@ For development::
 prints ``export ACKGATE_KAFKA_BOOTSTRAP=127.0.0.1:39092`` and runs until Ctrl-C or SIGTERM;
 ``topic create NAME --partitions N`` and ``produce TOPIC [FILE] [--key-separator SEP]``
 create a Kafka topic and produce one record per line there; ``wait TOPIC --group GROUP``
-exits once the group has committed everything on it.
+exits once the group has committed everything on it. ``consume TOPIC [--from-beginning]
+[--max N] [--group GROUP]`` prints the records there (offsets, key, headers, value), and
+``offsets GROUP [TOPIC]`` a group's committed offsets, end offsets and lag per partition.
 """
 
 from __future__ import annotations
@@ -375,7 +377,58 @@ def parser() -> argparse.ArgumentParser:
         "--within", type=float, default=60.0, metavar="SECONDS", help="give up after (default 60)"
     )
     wait.add_argument("--bootstrap", metavar="HOST:PORT", help=bootstrap_help)
+    consume = commands.add_parser(
+        "consume",
+        help="print the records of a Kafka topic: offsets, key, headers and value",
+        description="Print the records TOPIC holds now, one line each, then exit. Without "
+        "--group nothing is committed; with it, reading starts at the group's committed "
+        "offsets and commits what it printed.",
+    )
+    consume.add_argument("topic", help="the topic to read")
+    consume.add_argument(
+        "--from-beginning",
+        action="store_true",
+        help="from the first record (default: from the end, or the group's committed offsets)",
+    )
+    consume.add_argument("--max", type=int, metavar="N", help="print at most N records")
+    consume.add_argument("--group", help="read as this consumer group, and commit")
+    consume.add_argument("--bootstrap", metavar="HOST:PORT", help=bootstrap_help)
+    offsets = commands.add_parser(
+        "offsets",
+        help="print a consumer group's committed offsets, end offsets and lag",
+        description="One line per partition: committed offset, end offset and lag.",
+    )
+    offsets.add_argument("group", help="the consumer group")
+    offsets.add_argument("topic", nargs="?", help="only this topic (all its partitions)")
+    offsets.add_argument("--bootstrap", metavar="HOST:PORT", help=bootstrap_help)
     return parser
+
+
+def _consume(bootstrap: str, topic: str, start: bool, limit: int | None, group: str | None) -> int:
+    from ackgate.testing.traffic import kafka_read
+
+    records = asyncio.run(
+        kafka_read(bootstrap, topic, limit=limit, group=group, from_beginning=start)
+    )
+    for record in records:
+        headers = " ".join(f"{name}={value!r}" for name, value in record.headers)
+        print(
+            f"{record.topic}/{record.partition}/{record.offset} key={record.key!r} "
+            f"headers=[{headers}] value={record.value!r}"
+        )
+    print(f"{len(records)} record(s)", file=sys.stderr)
+    return 0
+
+
+def _offsets(bootstrap: str, group: str, topic: str | None) -> int:
+    from ackgate.testing.traffic import kafka_offsets
+
+    rows = asyncio.run(kafka_offsets(bootstrap, group, topic))
+    print(f"{'TOPIC':<30} {'PARTITION':>9} {'COMMITTED':>10} {'END':>10} {'LAG':>8}")
+    for row in rows:
+        committed = "-" if row.committed is None else str(row.committed)
+        print(f"{row.topic:<30} {row.partition:>9} {committed:>10} {row.end:>10} {row.lag:>8}")
+    return 0
 
 
 def _wait(bootstrap: str, topic: str, group: str, within: float) -> int:
@@ -392,7 +445,7 @@ def _wait(bootstrap: str, topic: str, group: str, within: float) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.command in ("topic", "produce", "wait"):
+    if args.command in ("topic", "produce", "wait", "consume", "offsets"):
         from aiokafka.errors import KafkaError
 
         try:
@@ -402,6 +455,16 @@ def main(argv: list[str] | None = None) -> int:
                 return _produce(
                     _bootstrap(args.bootstrap), args.topic, args.file, args.key_separator
                 )
+            if args.command == "consume":
+                return _consume(
+                    _bootstrap(args.bootstrap),
+                    args.topic,
+                    args.from_beginning,
+                    args.max,
+                    args.group,
+                )
+            if args.command == "offsets":
+                return _offsets(_bootstrap(args.bootstrap), args.group, args.topic)
             return _wait(_bootstrap(args.bootstrap), args.topic, args.group, args.within)
         except KafkaError as exc:  # the broker's answer is the message; no traceback
             why = str(exc) if type(exc).__name__ in str(exc) else f"{type(exc).__name__}: {exc}"

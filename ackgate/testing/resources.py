@@ -41,6 +41,11 @@ class KafkaFresh:
         """Publish ``messages`` in order (see :func:`~ackgate.testing.traffic.kafka_publish`)."""
         return await traffic.kafka_publish(self.bootstrap, topic, messages)
 
+    async def records(self, topic: str, limit: int | None = None) -> list[traffic.KafkaRecord]:
+        """The records ``topic`` holds now, with key, headers and offsets (see
+        :func:`~ackgate.testing.traffic.kafka_read`); nothing is committed."""
+        return await traffic.kafka_read(self.bootstrap, topic, limit=limit)
+
     async def wait_advanced(self, topic: str, group: str, within: float = 30) -> None:
         """Wait until ``group`` committed every partition's end offset, else
         :class:`~ackgate.testing.traffic.StillOutstanding` naming the partitions behind."""

@@ -21,10 +21,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "KafkaRecord",
     "Outgoing",
+    "PartitionOffsets",
     "StillOutstanding",
     "kafka_create_topic",
+    "kafka_offsets",
     "kafka_publish",
+    "kafka_read",
     "kafka_wait_advanced",
     "pubsub_publish",
     "sqs_publish",
@@ -182,6 +186,128 @@ async def kafka_wait_advanced(bootstrap: str, topic: str, group: str, within: fl
             await ends.stop()
     finally:
         await admin.close()
+
+
+@dataclass(frozen=True)
+class KafkaRecord:
+    """One record as :func:`kafka_read` read it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+async def kafka_read(
+    bootstrap: str,
+    topic: str,
+    *,
+    limit: int | None = None,
+    group: str | None = None,
+    from_beginning: bool = True,
+) -> list[KafkaRecord]:
+    """The records of ``topic`` present now, up to its end offsets (it does not wait for
+    more), partition by partition in offset order; at most ``limit`` of them.
+
+    Without ``group`` nothing is committed: from the beginning, or with
+    ``from_beginning=False`` from the end (nothing). With ``group``, reading starts at
+    the group's committed offsets (the beginning where it has none, unless
+    ``from_beginning=False``) and commits what was read, as a consumer of the group.
+    """
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest" if from_beginning else "latest",
+    )
+    await consumer.start()
+    records: list[KafkaRecord] = []
+    try:
+        partitions = consumer.partitions_for_topic(topic)
+        if partitions is None:
+            await consumer._client.force_metadata_update()
+            partitions = consumer.partitions_for_topic(topic) or set()
+        if not partitions:
+            raise LookupError(f"no topic {topic!r} on {bootstrap}")
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        if group is None:
+            await (consumer.seek_to_beginning if from_beginning else consumer.seek_to_end)(*tps)
+        left = {tp for tp in tps if await consumer.position(tp) < ends[tp]}
+        while left and (limit is None or len(records) < limit):
+            for tp, batch in (await consumer.getmany(*left, timeout_ms=1000)).items():
+                for record in batch:
+                    if record.offset < ends[tp] and (limit is None or len(records) < limit):
+                        records.append(
+                            KafkaRecord(
+                                record.topic,
+                                record.partition,
+                                record.offset,
+                                record.key,
+                                record.value,
+                                tuple(record.headers or ()),
+                            )
+                        )
+                if batch and batch[-1].offset + 1 >= ends[tp]:
+                    left.discard(tp)
+        if group is not None and records:
+            last: dict[Any, int] = {}
+            for record in records:
+                last[TopicPartition(record.topic, record.partition)] = record.offset + 1
+            await consumer.commit(last)
+    finally:
+        await consumer.stop()
+    records.sort(key=lambda r: (r.partition, r.offset))
+    return records
+
+
+@dataclass(frozen=True)
+class PartitionOffsets:
+    """One partition's committed offset (``None``: nothing committed), end offset and lag."""
+
+    topic: str
+    partition: int
+    committed: int | None
+    end: int
+
+    @property
+    def lag(self) -> int:
+        return self.end - (self.committed or 0)
+
+
+async def kafka_offsets(
+    bootstrap: str, group: str, topic: str | None = None
+) -> list[PartitionOffsets]:
+    """Per partition the group committed on (of ``topic`` only, or every partition of
+    ``topic`` when given): its committed offset, end offset and lag."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await admin.start()
+    try:
+        await consumer.start()
+        try:
+            got = await admin.list_consumer_group_offsets(group)
+            committed = {tp: meta.offset for tp, meta in got.items() if meta.offset >= 0}
+            if topic is not None:
+                await consumer._client.force_metadata_update()
+                known = consumer.partitions_for_topic(topic) or set()
+                tps = [TopicPartition(topic, p) for p in sorted(known)]
+            else:
+                tps = sorted(committed, key=lambda tp: (tp.topic, tp.partition))
+            ends = await consumer.end_offsets(tps) if tps else {}
+        finally:
+            await consumer.stop()
+    finally:
+        await admin.close()
+    return [PartitionOffsets(tp.topic, tp.partition, committed.get(tp), ends[tp]) for tp in tps]
 
 
 # -- SQS ---------------------------------------------------------------------------------

@@ -111,8 +111,46 @@ def test_signatures_that_take_one_message_are_accepted() -> None:
         [star_args, with_default, Handlers().method, Handlers(), functools.partial(_three, 1, 2)]
     ):
         service.handler(f"h{n}")(function)
-    service.handler("batch", batch_size=10)(with_default)
+
+    async def batch_with_default(messages: list[Message], context: object = None) -> None:
+        pass
+
+    service.handler("batch", batch_size=10)(batch_with_default)
     assert len(service.stats().handlers) == 6
+
+
+async def _listed(messages: list[Message]) -> None:
+    pass
+
+
+async def _listed_as_text(messages: "list[Message[int]]") -> None:  # noqa: UP037 - as text
+    pass
+
+
+async def _one(message: Message) -> None:
+    pass
+
+
+async def _one_typed(message: Message[dict[str, int]]) -> None:
+    pass
+
+
+@pytest.mark.parametrize("function", [_listed, _listed_as_text])
+def test_a_list_parameter_without_batch_size_is_refused_naming_batch_size(function: Any) -> None:
+    service = Service("k", producer=make)
+    with pytest.raises(TypeError, match=r"handler 'h': .*annotated as a list.*pass batch_size=N"):
+        service.handler("h")(function)
+    service.handler("h", batch_size=10)(function)  # the same function, as a batch handler
+    assert list(service.stats().handlers) == ["h"]
+
+
+@pytest.mark.parametrize("function", [_one, _one_typed])
+def test_batch_size_on_a_parameter_annotated_as_one_message_is_refused(function: Any) -> None:
+    service = Service("k", producer=make)
+    with pytest.raises(TypeError, match=r"handler 'h': batch_size=10 makes it a batch handler"):
+        service.handler("h", batch_size=10)(function)
+    service.handler("h")(function)
+    assert list(service.stats().handlers) == ["h"]
 
 
 @pytest.mark.parametrize(

@@ -80,7 +80,11 @@ def test_handler_must_be_async_def() -> None:
             pass
 
     service.handler("callable object")(Handler())
-    service.handler("batch", batch_size=10, concurrency=3, ordering="none")(noop)
+
+    async def batch(messages: list[Message]) -> None:
+        pass
+
+    service.handler("batch", batch_size=10, concurrency=3, ordering="none")(batch)
 
 
 def test_handler_ids_are_unique_non_empty_strs() -> None:

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO
 
@@ -88,11 +89,19 @@ def ackgate_run(cwd: Path, *args: str) -> subprocess.Popen[str]:
 
 
 def finish(process: subprocess.Popen[str]) -> tuple[str, str]:
-    """Its stdout and stderr once it exited by itself; killed if it does not within 60 s."""
-    try:
-        return process.communicate(timeout=60)
-    finally:
-        process.kill()
+    """The rest of its stdout and stderr once it exited by itself; killed if it does not
+    within 60 s. Read through the pipes' text streams, never ``communicate()``: that reads
+    the file descriptors directly, so it loses the lines a ``read_until`` on the stream
+    already read ahead into its buffer (a loaded machine delivers many lines per read)."""
+    assert process.stdout is not None and process.stderr is not None
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        out = pool.submit(process.stdout.read)
+        err = pool.submit(process.stderr.read)
+        try:
+            process.wait(timeout=60)
+        finally:
+            process.kill()  # nothing once it exited; else it ends the reads
+        return out.result(), err.result()
 
 
 def read_until(stream: IO[str] | None, text: str, lines: list[str]) -> None:
@@ -104,6 +113,21 @@ def read_until(stream: IO[str] | None, text: str, lines: list[str]) -> None:
     raise AssertionError(f"{text!r} never came; got {lines[-5:]!r}")
 
 
+def test_finish_keeps_the_lines_read_until_read_ahead() -> None:
+    # One write: read_until's first read takes all 100 lines, and yields 40.
+    child = "import os; os.write(1, b''.join(b'line %d\\n' % n for n in range(100)))"
+    process = subprocess.Popen(
+        [sys.executable, "-c", child],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    read_until(process.stdout, "line 39", lines)
+    out, _ = finish(process)
+    assert [*lines, *out.splitlines(keepends=True)] == [f"line {n}\n" for n in range(100)]
+
+
 def test_sigterm_stops_gracefully_and_commits_exactly_what_finished(tmp_path: Path) -> None:
     (tmp_path / "orders_app.py").write_text(APP)
     process = ackgate_run(tmp_path, "orders_app:service", "--shutdown-timeout", "20")
@@ -112,7 +136,7 @@ def test_sigterm_stops_gracefully_and_commits_exactly_what_finished(tmp_path: Pa
         for _ in range(40):
             read_until(process.stdout, "done ", lines)
         process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=60)
+        out, err = finish(process)
     finally:
         process.kill()
     assert process.returncode == 0, err
@@ -139,7 +163,7 @@ def test_a_second_signal_stops_at_once(tmp_path: Path) -> None:
         process.send_signal(signal.SIGINT)
         read_until(process.stderr, "stopping gracefully", [])
         process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=60)
+        _, err = finish(process)
     finally:
         process.kill()
     assert process.returncode == 1
@@ -420,3 +444,39 @@ def test_tune_gc_leaves_a_disabled_or_configured_collector_alone() -> None:
             gc.enable()
         else:
             gc.disable()
+
+
+def test_a_mistyped_attribute_is_answered_with_did_you_mean(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "typo_app.py").write_text(
+        "from ackgate import Service\n"
+        "from ackgate.testing import ScriptedProducer\n"
+        "service = Service('k', producer=ScriptedProducer)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(BadTarget, match=r"has no attribute 'servce'; did you mean 'service'\?"):
+        load_services(["typo_app:servce"])
+    with pytest.raises(BadTarget, match=r"has no attribute 'zzz'$"):
+        load_services(["typo_app:zzz"])
+
+
+def test_the_otel_check_of_metrics_port_runs_before_any_worker_starts(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import ackgate._operating.run_command as run_module
+    from ackgate._operating.cli import main
+
+    def no_workers(opts: object) -> int:
+        raise AssertionError("a worker process was started")
+
+    monkeypatch.setattr(run_module, "run_workers", no_workers)
+    # In-process: the root logger's handlers (pytest's) must not get ackgate run's setup.
+    monkeypatch.setattr(run_module, "configure_logging", lambda *args, **kwargs: None)
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import raises ImportError
+    status = main(["run", "nope:service", "--workers", "2", "--metrics-port", "9464"])
+    assert status == 2
+    err = capsys.readouterr().err
+    assert err.count("pip install 'ackgate[otel]'") == 1
+    assert "prometheus_client is missing" in err

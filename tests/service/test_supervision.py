@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -138,3 +139,43 @@ async def test_a_handler_force_failed_by_the_ack_timeout_is_subscribed_again_at_
         await broker.wait_drained("orders", "svc")  # ... and the message redelivered
     assert service.stats().restarts == 0  # the group never ended
     assert handled["stuck"] == handled["other"] == {b"m%d" % n for n in range(12)}
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (ConnectionError("Kafka could not join: cannot reach the cluster"), None),
+        (socket.gaierror(-2, "Name or service not known"), "unknown host: "),
+    ],
+)
+async def test_a_failed_connection_is_one_warning_naming_its_cause_once(
+    error: OSError, expected: str | None, running: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from ackgate.testing import ScriptedProducer
+
+    made: list[ScriptedProducer] = []
+    third = asyncio.Event()  # two restarts logged by then
+
+    def make() -> ScriptedProducer:
+        producer = ScriptedProducer()
+        producer.fail(error)
+        made.append(producer)
+        if len(made) == 3:
+            third.set()
+        return producer
+
+    service = Service("k", producer=make, restart_backoff=0.01)
+
+    @service.handler("h")
+    async def handle(message: Message) -> None:
+        pass
+
+    with caplog.at_level(logging.WARNING, logger="ackgate.service"):
+        async with running(service):
+            await third.wait()
+    lines = [r.getMessage() for r in caplog.records if "the group ended" in r.getMessage()]
+    assert len(lines) >= 2
+    for line in lines:
+        assert line.count(str(error.args[-1])) == 1, line
+        if expected is not None:
+            assert expected in line

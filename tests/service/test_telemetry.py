@@ -102,6 +102,7 @@ async def test_every_instrument_after_a_known_run(broker: MemoryBroker, running:
     assert skipped >= 2
     assert value(found, "ackgate.group.redeliveries_skipped").value == skipped
     assert value(found, "ackgate.service.restarts").value == 0
+    assert value(found, "ackgate.group.progress_overflows").value == 0
     advances = value(found, "ackgate.group.advances").value
     assert advances >= 1
     assert value(found, "ackgate.group.advance.duration").count == advances

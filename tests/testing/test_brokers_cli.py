@@ -142,3 +142,43 @@ def test_creating_a_topic_twice_is_one_line_and_exit_1(
     err = capsys.readouterr().err
     assert err.startswith("python -m ackgate.testing.brokers topic: [Error 36] TopicAlreadyExists")
     assert len(err.splitlines()) == 1
+
+
+def test_consume_prints_records_with_key_headers_offsets_and_offsets_prints_lag(
+    ackgate_kafka: KafkaBroker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ackgate.testing import traffic
+    from ackgate.testing.resources import KafkaFresh
+
+    fresh = KafkaFresh(ackgate_kafka)
+    bootstrap = ackgate_kafka.bootstrap
+
+    async def setup() -> tuple[str, list[traffic.KafkaRecord]]:
+        topic = await fresh.topic(partitions=1)
+        await fresh.publish(
+            topic,
+            [traffic.Outgoing("one", key="k1", headers={"trace": "t1"}), "two", "three"],
+        )
+        return topic, await fresh.records(topic)
+
+    topic, records = asyncio.run(setup())
+    assert [(r.offset, r.key, r.value, r.headers) for r in records] == [
+        (0, b"k1", b"one", (("trace", b"t1"),)),
+        (1, None, b"two", ()),
+        (2, None, b"three", ()),
+    ]
+    group = unique("group")
+    consume = ["consume", topic, "--from-beginning", "--bootstrap", bootstrap]
+    assert brokers.main([*consume, "--max", "2", "--group", group]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        f"{topic}/0/0 key=b'k1' headers=[trace=b't1'] value=b'one'",
+        f"{topic}/0/1 key=None headers=[] value=b'two'",
+    ]
+    assert brokers.main(["offsets", group, topic, "--bootstrap", bootstrap]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[1].split() == [topic, "0", "2", "3", "1"]  # committed 2 of 3: lag 1
+    assert brokers.main([*consume, "--group", group]) == 0  # on from the group's offset
+    assert capsys.readouterr().out.splitlines() == [
+        f"{topic}/0/2 key=None headers=[] value=b'three'"
+    ]

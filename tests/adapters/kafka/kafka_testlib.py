@@ -71,6 +71,23 @@ class KafkaTestCluster:
         finally:
             await admin.close()
 
+    async def committed_metadata(self, group: str, tp: TopicPartition) -> tuple[int, str] | None:
+        """``(offset, metadata)`` of ``tp``'s commit; ``None`` before the first one, or
+        while a fresh broker has no coordinator for the group yet."""
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        await admin.start()
+        try:
+            found = (await admin.list_consumer_group_offsets(group)).get(tp)
+        except KafkaError as exc:
+            if not exc.retriable:
+                raise
+            return None
+        finally:
+            await admin.close()
+        if found is None or found.offset < 0:
+            return None
+        return found.offset, found.metadata
+
     async def wait_committed_to_end(
         self, group: str, topic: str, partitions: int
     ) -> dict[TopicPartition, int]:
@@ -107,3 +124,13 @@ class KafkaTestCluster:
             return records
         finally:
             await consumer.stop()
+
+    async def produce_bodies(self, topic: str, bodies: list[bytes]) -> None:
+        """Write ``bodies`` in order, each acknowledged."""
+        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all")
+        await producer.start()
+        try:
+            for body in bodies:
+                await producer.send_and_wait(topic, body)
+        finally:
+            await producer.stop()

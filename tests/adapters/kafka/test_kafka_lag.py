@@ -137,7 +137,8 @@ async def test_a_used_offset_map_is_logged_with_the_offsets_it_skips(
     await committer.start()
     try:
         committer.assign([tp])
-        metadata = encode(topic, 0, 0, OffsetRuns(iter([(1, 3)])), 3, {})
+        metadata, complete = encode(topic, 0, 0, OffsetRuns(iter([(1, 3)])), 3, {})
+        assert complete
         await committer.commit({tp: (0, metadata)})
     finally:
         await committer.stop()

@@ -130,6 +130,25 @@ def test_a_record_message_is_a_frozen_message_and_copies_as_a_plain_one() -> Non
     assert repr(message) == repr(plain)
 
 
+def test_a_record_message_decodes_once_into_a_plain_copy() -> None:
+    """decode= (docs/getting-started.md#typed-payloads) on the adapter's own Message
+    subclass: the copy is a plain Message with the value, the record's fields kept."""
+    from ackgate._service.decode import check_decoder
+
+    producer = KafkaStreamProducer("t", bootstrap_servers="unused:9092", group_id="g")
+    delivery = SimpleNamespace(tp=TopicPartition("t", 3), attempt=1)
+    message = producer.to_message(_Record(), delivery)
+    assert message.value is None
+    calls: list[bytes] = []
+    decoder = check_decoder("h", lambda body: calls.append(body) or body.upper())
+    assert decoder is not None
+    for _ in range(2):
+        copied = decoder.decoded(message)
+        assert type(copied) is Message and copied.value == b"BODY"
+        assert (copied.id, copied.key, copied.headers) == ("t/3/7", b"k", {"h": b"1"})
+    assert calls == [b"body"]
+
+
 def test_a_value_that_is_not_bytes_is_refused() -> None:
     producer = KafkaStreamProducer("t", bootstrap_servers="unused:9092", group_id="g")
     record = _Record()

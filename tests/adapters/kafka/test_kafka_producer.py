@@ -109,6 +109,22 @@ async def test_bad_bootstrap_is_a_clear_connection_error() -> None:
         await producer.aclose()
 
 
+async def test_a_bootstrap_host_that_does_not_resolve_is_named_unknown_host() -> None:
+    producer = KafkaStreamProducer(
+        "t", bootstrap_servers="no-such-broker.invalid:9092", group_id="g"
+    )
+    stream = producer.open_stream()
+    try:
+        with pytest.raises(
+            ConnectionError, match=r"unknown host: 'no-such-broker\.invalid'.*cannot reach"
+        ):
+            async with asyncio.timeout(60):
+                await anext(stream)
+    finally:
+        await stream.aclose()
+        await producer.aclose()
+
+
 async def test_acked_commits_once_per_batch_and_failed_is_held_then_redelivered(
     kafka: KafkaTestCluster,
 ) -> None:

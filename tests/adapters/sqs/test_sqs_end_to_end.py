@@ -284,6 +284,7 @@ async def test_dlq_reason_attribute_names_the_rejecting_subscribers_in_subscript
             "StringValue": "rejected by 2 of 3 subscribers; "
             "auditor: schema v3 unsupported; parser: bad json",
         },
+        "ackgate.original.queue": {"DataType": "String", "StringValue": url},
     }
     assert letter["MessageAttributes"][REASON_ATTRIBUTE]["StringValue"].endswith("; ".join(REASONS))
     assert await sqs.drain(url, wait=1) == []  # deleted from the source queue

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -24,6 +25,9 @@ from ackgate_kafka._partitions import Delivery, PartitionState
 from ackgate_kafka._refusals import refusal
 
 log = logging.getLogger("ackgate.adapters.kafka")
+
+# Seconds a refresh of the offset maps may take (``PartitionOwner._refresh_maps``).
+_REFRESH_COMMIT_TIMEOUT = 5.0
 
 
 class PartitionOwner(SharedStreamProducer):
@@ -45,6 +49,8 @@ class PartitionOwner(SharedStreamProducer):
     # Set after every commit or hold; a draining revoke waits on it.
     _progress: asyncio.Event
     _keeper: MembershipKeeper | None
+    # Longest offset map a commit carries (``offset_map_max_bytes``).
+    _map_max_bytes: int
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """Commit past the batch's resolved prefix; dead-letter rejects; hold at a failure.
@@ -155,11 +161,109 @@ class PartitionOwner(SharedStreamProducer):
             )
             raise self._translate(exc, "DLQ write failed") from exc
 
-    async def _commit(self, tp: Any, part: PartitionState, offset: int) -> None:
-        assert part.owned and (part.committed_next is None or offset >= part.committed_next)
-        metadata = encode(
-            tp.topic, tp.partition, offset, part.finished, part.seen_next, part.counts
+    def _metadata(self, tp: Any, part: PartitionState, offset: int) -> tuple[str, bool]:
+        """The offset map of a commit of ``tp`` at ``offset``, with what each roster
+        member acked past it (``ackgate.SubscriberProgress``), and whether all of it
+        fit ``offset_map_max_bytes``."""
+        progress = self._subscriber_progress
+        members: dict[str, list[tuple[int, int]]] = {}
+        if progress is not None:
+            acked = progress.acked_offsets((tp.topic, tp.partition), offset)
+            members = {m: runs for m, runs in acked.items() if isinstance(m, str)}
+        return encode(
+            tp.topic,
+            tp.partition,
+            offset,
+            part.finished,
+            part.seen_next,
+            part.counts,
+            members,
+            self._map_max_bytes,
         )
+
+    def _overflowed(self, tp: Any, part: PartitionState, offset: int) -> None:
+        """A commit's map did not fit: counted (``GroupStats.progress_overflows``),
+        logged once per assignment."""
+        progress = self._subscriber_progress
+        if progress is not None:
+            progress.progress_overflowed()
+        if not part.overflowed:
+            part.overflowed = True
+            log.warning(
+                "The offset map of %s-%d@%d does not fit %d characters: what lies "
+                "farthest past the commit is left out, and is delivered again after a "
+                "restart or rebalance (duplicates). Raise offset_map_max_bytes (and the "
+                "broker's offset.metadata.max.bytes) to keep more",
+                tp.topic,
+                tp.partition,
+                offset,
+                self._map_max_bytes,
+            )
+
+    async def _refresh_maps(self, interval: float) -> None:
+        """Every ``interval`` seconds, commit the committed offset of each owned
+        partition with events delivered past it and no commit for ``interval`` again where
+        its map changed (members acked more since), all in one request: a lane that
+        cannot advance (a slow handler, a held offset) still records what the other
+        members finished past it, and a lane that advances pays nothing more (each of
+        its commits carries the map). Errors are left to the next advance's commit,
+        which raises them."""
+        while True:
+            await asyncio.sleep(interval)
+            upstream = self._upstream
+            if self._subscriber_progress is None or (
+                upstream is not None and not upstream.connected
+            ):
+                continue  # in an outage, the advance that follows it commits the map
+            async with self._lock:
+                changed = {}
+                stale = time.monotonic() - interval
+                for tp, part in self._partitions.items():
+                    offset = part.committed_next
+                    if (
+                        offset is None
+                        or part.committed_at > stale
+                        or part.seen_next <= offset  # nothing delivered past it
+                        or not part.owned
+                        or part.draining
+                        or part.refused
+                    ):
+                        continue
+                    metadata, complete = self._metadata(tp, part, offset)
+                    if metadata != part.metadata:
+                        if not complete:
+                            self._overflowed(tp, part, offset)
+                        changed[tp] = (offset, metadata)
+                if not changed:
+                    continue
+                try:
+                    # Bounded: the lock it holds is the one a revoke waits for.
+                    async with asyncio.timeout(_REFRESH_COMMIT_TIMEOUT):
+                        await self._consumer.commit(changed)
+                except TimeoutError:
+                    log.debug("Offset map refresh timed out group=%s", self._group_id)
+                    continue
+                except self._errors.CommitFailedError:
+                    for tp in changed:
+                        self._partitions[tp].refused = True  # as in _commit
+                    self._progress.set()  # a draining revoke need not wait for them now
+                    continue
+                except self._errors.KafkaError as exc:
+                    log.debug("Offset map refresh failed group=%s: %r", self._group_id, exc)
+                    continue
+                now = time.monotonic()
+                for tp, (_, metadata) in changed.items():
+                    self._partitions[tp].metadata = metadata
+                    self._partitions[tp].committed_at = now
+
+    async def _commit(
+        self, tp: Any, part: PartitionState, offset: int, map_: tuple[str, bool] | None = None
+    ) -> None:
+        """Commit ``tp`` at ``offset`` with its offset map (``map_``, if made already)."""
+        assert part.owned and (part.committed_next is None or offset >= part.committed_next)
+        metadata, complete = self._metadata(tp, part, offset) if map_ is None else map_
+        if not complete:
+            self._overflowed(tp, part, offset)
         try:
             await self._consumer.commit({tp: (offset, metadata)})
         except self._errors.CommitFailedError:
@@ -189,6 +293,8 @@ class PartitionOwner(SharedStreamProducer):
             )
             raise self._translate(exc, "commit failed") from exc
         part.committed(offset)
+        part.metadata = metadata
+        part.committed_at = time.monotonic()
 
     def _hold(self, tp: Any, part: PartitionState, offset: int) -> None:
         part.new_epoch(next(self._epochs))
@@ -225,6 +331,8 @@ class PartitionOwner(SharedStreamProducer):
             part.announce = True
             part.finished = OffsetRuns()
             part.refused = False
+            part.overflowed = False
+            part.metadata = None
         else:
             return part
         log.info("Partition assigned %s-%d group=%s", tp.topic, tp.partition, self._group_id)

@@ -10,7 +10,9 @@ careful offsets alone. :class:`~ackgate_kafka.KafkaStreamProducer` turns the chu
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import socket
 from collections.abc import AsyncGenerator, Hashable, Iterable, Sequence
 from typing import Any, NamedTuple
 
@@ -31,6 +33,10 @@ _POLL_TIMEOUT_MS = 1000
 # enough that a hold or revoke stops a fetch's stale rest between batches.
 _BATCH_RECORDS = 256
 _DEFAULT_MAX_POLL_INTERVAL_MS = 300_000  # aiokafka's default
+# How often the maps of partitions that did not commit for this long are committed again
+# where what the members acked past the commit changed (``PartitionOwner._refresh_maps``):
+# a SIGKILL then replays to a member about twice this long of its work, at most.
+_MAP_REFRESH_SECONDS = 0.025
 
 
 def _import_aiokafka() -> Any:
@@ -190,7 +196,11 @@ class Fetcher(PartitionOwner):
                 refused = await diagnose(aiokafka, self._consumer._client, self._address)
                 if refused is not None:
                     raise refused from exc
-            raise self._translate(exc, "could not join the consumer group") from exc
+            unknown = await _unknown_hosts(self._bootstrap_servers)
+            what = "could not join the consumer group"
+            if unknown:
+                what += f" (unknown host: {', '.join(unknown)})"
+            raise self._translate(exc, what) from exc
         log.info("Kafka consumer started group=%s topics=%s", self._group_id, self._topics)
         self.upstream_back()  # joined: the cluster answers (a no-op unless it was lost)
         keeper = self._keeper = MembershipKeeper(
@@ -202,6 +212,7 @@ class Fetcher(PartitionOwner):
         keeper.start()
         watch = OutageWatch(self._consumer, self, self._bootstrap_servers, self._options)
         watch.start()
+        refresh = asyncio.get_running_loop().create_task(self._refresh_maps(_MAP_REFRESH_SECONDS))
         lag = self._lag_watch = LagWatch(self._consumer, self._topics, self._group_id)
         lag.start()
         try:
@@ -234,6 +245,8 @@ class Fetcher(PartitionOwner):
                     if records and part.epoch == epoch and not part.draining:
                         yield tp, part, epoch, records
         finally:
+            refresh.cancel()
+            await asyncio.gather(refresh, return_exceptions=True)
             await lag.close()
             await watch.close()
             await keeper.close()
@@ -255,7 +268,9 @@ class Fetcher(PartitionOwner):
             offset = found.offset if found is not None and found.offset >= 0 else None
             offset_map = None
             if offset is not None and found.metadata:
-                decoded = decode(found.metadata, tp.topic, tp.partition, offset)
+                decoded = decode(
+                    found.metadata, tp.topic, tp.partition, offset, self._map_max_bytes
+                )
                 if isinstance(decoded, str):
                     log.info(
                         "Ignoring the offset map committed with %s-%d@%d (%s): offsets past "
@@ -278,6 +293,11 @@ class Fetcher(PartitionOwner):
                         len(decoded.counts),
                     )
             part.load(offset, offset_map)
+            progress = self._subscriber_progress
+            if offset_map is not None and offset_map.members and progress is not None:
+                # Before anything of the partition is yielded: each member is not handed
+                # what it acked in an earlier life.
+                progress.seed_acked((tp.topic, tp.partition), offset_map.members)
 
     async def _committed_past(self, part: PartitionState, epoch: int, offset: int) -> None:
         """Wait until ``offset`` is committed past, held or revoked (advance and revoke
@@ -302,3 +322,21 @@ class Fetcher(PartitionOwner):
                 tp, part, first if part.committed_next is None else part.committed_next
             )
             part.announce = False
+
+
+async def _unknown_hosts(servers: str | Sequence[str]) -> list[str]:
+    """The bootstrap servers whose host name does not resolve: aiokafka's own error
+    says only that it could not bootstrap, and names the DNS failure in its log."""
+    listed = servers.split(",") if isinstance(servers, str) else list(servers)
+    loop = asyncio.get_running_loop()
+    unknown = []
+    for server in (s.strip() for s in listed if s.strip()):
+        host = server.rpartition(":")[0] or server
+        try:
+            async with asyncio.timeout(2.0):
+                await loop.getaddrinfo(host.strip("[]"), None)
+        except socket.gaierror:
+            unknown.append(repr(host))
+        except (OSError, TimeoutError):
+            continue
+    return unknown

@@ -12,6 +12,7 @@ writes and an id string per record. ``dataclasses.replace``, ``copy`` and
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Hashable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -97,13 +98,17 @@ class RecordMessage(Message):
     def raw(self) -> Any:
         return self._record
 
+    @property
+    def value(self) -> Any:
+        return None  # decode= hands a handler a plain Message copy with its value
 
-_FIELDS = ("body", "id", "key", "headers", "lane", "attempt", "raw")
+
+_FIELDS = ("body", "id", "key", "headers", "lane", "attempt", "raw", "value")
 # The slots' own setters: a frozen dataclass refuses ``setattr``, and these are
 # the cheapest way past it (three calls per record).
 # ``body`` is Message's own slot, set once per record: every handler reads it, so a
 # plain slot read beats a property call per handler.
-_set_body = Message.__dict__["body"].__set__
+_set_body = inspect.getattr_static(Message, "body").__set__  # the slot, wherever defined
 _set_record = RecordMessage.__dict__["_record"].__set__
 _set_lane = RecordMessage.__dict__["_lane"].__set__
 _set_attempt = RecordMessage.__dict__["_attempt"].__set__

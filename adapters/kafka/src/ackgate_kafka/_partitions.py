@@ -78,6 +78,12 @@ class PartitionState:
     # assignment (after an outage longer than the session): nothing more can be
     # committed in it, so a revoke has nothing to wait for.
     refused: bool = False
+    # The metadata of this assignment's last commit (a refresh commits only a change).
+    metadata: str | None = None
+    # When this consumer last committed it (``time.monotonic()``).
+    committed_at: float = 0.0
+    # This assignment's map did not fit once (logged then, counted every time).
+    overflowed: bool = False
 
     def count_deliveries(self, records: Sequence[Any]) -> list[int] | None:
         """Count one more delivery of each record (in offset order); return their attempt

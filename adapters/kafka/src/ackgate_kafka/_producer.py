@@ -134,6 +134,10 @@ from ackgate import EventBatch, Message, check_options, masked_options
 from ackgate_kafka._dead_letter import DeadLetterWriter
 from ackgate_kafka._fetch import Fetcher, _import_aiokafka, event_ids
 from ackgate_kafka._message import check_value, wrap, wrap_all
+from ackgate_kafka._offset_map import MAX_METADATA
+
+# An offset map this short still holds its header and a few runs.
+_SMALLEST_MAP = 128
 
 log = logging.getLogger("ackgate.adapters.kafka")
 
@@ -175,6 +179,7 @@ class KafkaStreamProducer(DeadLetterWriter, Fetcher):
         dlq_topic: str | None = None,
         dlq_producer_options: Mapping[str, Any] | None = None,
         rebalance_drain_timeout: float = 10.0,
+        offset_map_max_bytes: int = MAX_METADATA,
         **consumer_options: Any,
     ) -> None:
         self._topics = [topics] if isinstance(topics, str) else list(topics)
@@ -208,6 +213,12 @@ class KafkaStreamProducer(DeadLetterWriter, Fetcher):
                 )
         if rebalance_drain_timeout < 0:
             raise ValueError("rebalance_drain_timeout must be >= 0")
+        if type(offset_map_max_bytes) is not int or offset_map_max_bytes < _SMALLEST_MAP:
+            raise ValueError(
+                f"offset_map_max_bytes must be an int >= {_SMALLEST_MAP} (Kafka's "
+                "offset.metadata.max.bytes, 4096 by default, bounds it from above), "
+                f"got {offset_map_max_bytes!r}"
+            )
         if consumer_options:
             check_options(
                 consumer_options,
@@ -238,6 +249,7 @@ class KafkaStreamProducer(DeadLetterWriter, Fetcher):
         self._lock = asyncio.Lock()
         self._progress = asyncio.Event()
         self._keeper = None
+        self._map_max_bytes = offset_map_max_bytes
 
     def __repr__(self) -> str:
         return (

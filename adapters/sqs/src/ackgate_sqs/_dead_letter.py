@@ -20,11 +20,19 @@ logger = logging.getLogger("ackgate.adapters.sqs")
 REASON_ATTRIBUTE = "ackgate.reason"
 """Message attribute naming why a message was dead-lettered through ``dlq_queue_url``."""
 
+ORIGINAL_QUEUE_ATTRIBUTE = "ackgate.original.queue"
+"""Message attribute naming the queue a dead letter came from (``ackgate dlq replay``
+sends it back there); left out when the message has no room (SQS allows 10)."""
+
 _REASON_LIMIT = 4096  # characters of ackgate.reason
+_MAX_ATTRIBUTES = 10
 
 
 async def dead_letter(
-    client: Any, dlq_url: str, dead: Sequence[tuple[Receipt, AdvanceOutcome]]
+    client: Any,
+    dlq_url: str,
+    dead: Sequence[tuple[Receipt, AdvanceOutcome]],
+    source_url: str | None = None,
 ) -> tuple[list[Receipt], list[Receipt]]:
     """Send rejected messages to the DLQ; return (sent, not sent)."""
     reasons = {
@@ -40,7 +48,7 @@ async def dead_letter(
             client.send_message_batch,
             dlq_url,
             chunk,
-            lambda r: _entry(r, reasons[id(r)], dlq_url),
+            lambda r: _entry(r, reasons[id(r)], dlq_url, source_url),
         )
         if failures:
             logger.error(
@@ -60,7 +68,9 @@ def _with_reasons(summary: str, outcome: AdvanceOutcome) -> str:
     return text if len(text) <= _REASON_LIMIT else text[: _REASON_LIMIT - 3] + "..."
 
 
-def _entry(receipt: Receipt, reason: str, dlq_url: str) -> dict[str, Any]:
+def _entry(
+    receipt: Receipt, reason: str, dlq_url: str, source_url: str | None = None
+) -> dict[str, Any]:
     message = receipt.message
     attributes = {
         name: {
@@ -69,6 +79,8 @@ def _entry(receipt: Receipt, reason: str, dlq_url: str) -> dict[str, Any]:
         for name, value in message.get("MessageAttributes", {}).items()
     }
     attributes[REASON_ATTRIBUTE] = {"DataType": "String", "StringValue": reason}
+    if source_url is not None and len(attributes) < _MAX_ATTRIBUTES:
+        attributes[ORIGINAL_QUEUE_ATTRIBUTE] = {"DataType": "String", "StringValue": source_url}
     entry: dict[str, Any] = {"MessageBody": message["Body"], "MessageAttributes": attributes}
     if dlq_url.endswith(".fifo"):
         group = message.get("Attributes", {}).get("MessageGroupId", receipt.message_id)

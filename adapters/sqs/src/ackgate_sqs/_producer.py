@@ -298,7 +298,9 @@ class SqsStreamProducer(SharedStreamProducer):
                 release.append(receipt)
         if dead:
             assert self._dlq_url is not None  # dead-lettered only with a DLQ
-            sent, unsent = await dead_letter(self._client, self._dlq_url, dead)
+            sent, unsent = await dead_letter(
+                self._client, self._dlq_url, dead, source_url=self._queue_url
+            )
             delete.extend(sent)
             release.extend(unsent)
         await self._deletes.submit(delete)
