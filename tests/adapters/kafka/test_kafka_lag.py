@@ -169,9 +169,9 @@ async def test_a_used_offset_map_is_logged_with_the_offsets_it_skips(
     ]
 
 
-def test_new_partitions_are_looked_for_every_30_seconds_unless_told_otherwise() -> None:
+def test_new_partitions_are_looked_for_every_20_seconds_unless_told_otherwise() -> None:
     made = KafkaStreamProducer("t", bootstrap_servers="127.0.0.1:1", group_id="g")
-    assert made._options["metadata_max_age_ms"] == 30_000
+    assert made._options["metadata_max_age_ms"] == 20_000
     given = KafkaStreamProducer(
         "t", bootstrap_servers="127.0.0.1:1", group_id="g", metadata_max_age_ms=5_000
     )

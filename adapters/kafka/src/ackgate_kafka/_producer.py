@@ -104,8 +104,8 @@ receives (tombstones, duplicate header names and the delivery count are describe
 
 **Lag and new partitions.** :meth:`~KafkaStreamProducer.broker_lag` is the end offset
 minus the group's committed offset of every partition of the topics, measured every 5 s
-(:mod:`ackgate_kafka._lag`). ``metadata_max_age_ms`` defaults to 30 s (aiokafka's own
-default is 300 s), so partitions added to a topic are assigned within about 30 s.
+(:mod:`ackgate_kafka._lag`). ``metadata_max_age_ms`` defaults to 20 s (aiokafka's own
+default is 300 s), so partitions added to a topic are read within 30 s.
 
 **Errors.** A broker error while starting or polling ends the group: subscribers get
 ``StreamTerminated`` whose ``__cause__`` is a ``ConnectionError`` (cannot reach the
@@ -142,7 +142,7 @@ _SMALLEST_MAP = 128
 log = logging.getLogger("ackgate.adapters.kafka")
 
 #: ``metadata_max_age_ms`` unless given: how soon new partitions of a topic are seen.
-DEFAULT_METADATA_MAX_AGE_MS = 30_000
+DEFAULT_METADATA_MAX_AGE_MS = 20_000
 
 
 class KafkaStreamProducer(DeadLetterWriter, Fetcher):
