@@ -10,8 +10,10 @@ Messages are ``b"<n>"`` (valid) or anything else (malformed). Handlers (the rost
 * ``notifier`` (``concurrency=4``, ``Retry(attempts=3)``) fails deterministically per
   (message, call): for ``n % 50 == 7`` (2 % of messages) its first ``failures(n)``
   calls in this process raise, ``failures(n)`` in 1..4. So 1 or 2 failures succeed
-  on a retry; 3 or 4 exhaust the three attempts, the event fails, Kafka redelivers
-  it (hold and seek back) and a later call succeeds.
+  on a retry; 3 or 4 exhaust the three attempts and the message is handed to the
+  notifier again in-process after its redelivery backoff (short here: the notifier
+  keeps its lane in order, so each wait holds that partition for it), and a later
+  call succeeds.
 
 Every handler appends ``"<partition> <offset>\\n"`` to ``WORKDIR/<handler>.log`` per
 message it acked (the indexer after its SQLite commit). SIGTERM stops the service
@@ -29,7 +31,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from ackgate import Message, Reject, Retry, Service
+from ackgate import Message, Redelivery, Reject, Retry, Service
 from ackgate_kafka import KafkaStreamProducer
 
 
@@ -94,7 +96,10 @@ def build(bootstrap: str, topic: str, group: str, dlq: str, workdir: Path) -> Se
         done("auditor", [message])
 
     @service.handler(
-        "notifier", concurrency=4, retry=Retry(attempts=3, backoff=0.01, max_backoff=0.05)
+        "notifier",
+        concurrency=4,
+        retry=Retry(attempts=3, backoff=0.01, max_backoff=0.05),
+        redelivery=Redelivery(backoff=0.05, max_backoff=0.2),
     )
     async def notifier(message: Message) -> None:
         calls[message.id] += 1
