@@ -63,13 +63,19 @@ class KafkaTestCluster:
             await consumer.stop()
 
     async def committed(self, group: str) -> dict[TopicPartition, int]:
+        """The group's committed offsets; none while a fresh broker has no coordinator
+        for the group yet (callers poll)."""
         admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
         await admin.start()
         try:
             offsets = await admin.list_consumer_group_offsets(group)
-            return {tp: meta.offset for tp, meta in offsets.items()}
+        except KafkaError as exc:
+            if not exc.retriable:
+                raise
+            return {}
         finally:
             await admin.close()
+        return {tp: meta.offset for tp, meta in offsets.items()}
 
     async def committed_metadata(self, group: str, tp: TopicPartition) -> tuple[int, str] | None:
         """``(offset, metadata)`` of ``tp``'s commit; ``None`` before the first one, or

@@ -4,9 +4,9 @@ with retries, and the consumer process SIGKILLed twice.
 The consumer is ``service_consumer.py`` (a subprocess). 10,000 messages over 4
 partitions, 2 % malformed (the auditor rejects them), and the notifier fails 2 % of
 messages deterministically 1 to 4 times (``Retry(attempts=3)``: some succeed on a
-retry, some exhaust it and are handed to the notifier again in-process). The process is killed once a
-quarter and again once two thirds of the valid messages are indexed, and started again
-each time. All along, the committed offset of every partition must never pass a valid
+retry, some exhaust it and are handed to the notifier again in-process). The process is
+killed once a quarter and again once two thirds of the valid messages are indexed, and
+started again each time. All along, the committed offset of every partition must never pass a valid
 message the indexer has not stored; at the end every valid message is stored, every
 malformed one is in the DLQ with the auditor's reason, and committed = end offsets.
 """
